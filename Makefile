@@ -1,0 +1,70 @@
+# llmtrain: `make demo` trains a tiny model locally; `make test` runs every test. `make help` lists all.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+STAMP := $(VENV)/.installed
+# The CPU build is enough for tests and the demo; a GPU machine may set TORCH_SPEC to a CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+DEEPSPEED_SPEC ?= deepspeed==0.19.8
+PYTEST_ARGS ?=
+
+.PHONY: help install test lint format generate demo render-example manifests e2e \
+        bench-operator bench-trainer bench-gpu clean
+
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip wheel setuptools
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e '.[operator,train,dev]'
+	# DeepSpeed's build imports torch, so it must see the installed one (no build isolation).
+	DS_BUILD_OPS=0 $(PY) -m pip install --quiet --no-build-isolation "$(DEEPSPEED_SPEC)"
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install llmtrain with every extra
+
+test: $(STAMP) ## run the whole test suite (unit, integration, trainer, chart, e2e checks)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP) ## ruff and mypy
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+format: $(STAMP) ## apply ruff's formatting and fixes
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+generate: $(STAMP) ## write the CRD (manifests/crds, chart) and the operator's RBAC rules from the Python API
+	$(PY) -m llmtrain.generate
+	$(PY) hack/render_manifests.py
+
+manifests: $(STAMP) ## render manifests/ from the chart with Helm's engine
+	$(PY) hack/render_manifests.py
+
+demo: $(STAMP) ## train examples/tiny-cpu.yaml locally on CPU (a few minutes)
+	$(BIN)/llmtrain run examples/tiny-cpu.yaml
+
+render-example: $(STAMP) ## print what the 8B FSDP example becomes in the cluster
+	$(BIN)/llmtrain render examples/llama3-8b-fsdp.yaml
+
+e2e: ## kind end-to-end test (needs docker, kind, helm, kubectl)
+	bash tests/e2e/run.sh
+
+bench-operator: $(STAMP) ## operator throughput: 1,000 jobs against the test API server
+	$(PY) benchmarks/operator_throughput.py
+
+bench-trainer: $(STAMP) ## trainer loop overhead vs a minimal FSDP2 loop (CPU)
+	$(PY) benchmarks/trainer_overhead.py
+
+bench-gpu: $(STAMP) ## tokens/s and MFU of FSDP2 and ZeRO-3 on the local GPUs
+	$(PY) benchmarks/gpu_mfu.py
+
+clean: ## remove the virtualenv, caches and local runs
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache llmtrain-runs

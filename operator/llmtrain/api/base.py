@@ -1,0 +1,58 @@
+"""Shared pydantic configuration and helpers for the API models.
+
+Every model is camelCase on the wire (Kubernetes convention), forbids unknown fields (a typo must
+fail, not be ignored) and carries CEL rules in its JSON schema so that the CRD, the offline
+validator and the tests read the same rule text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+
+# Kubernetes resource.Quantity, as the apiserver's own OpenAPI pattern spells it.
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# A qualified Kubernetes name such as nvidia.com/gpu or amd.com/gpu.
+QUALIFIED_NAME = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+
+
+def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    """One `x-kubernetes-validations` entry; the message should say what to change."""
+    entry = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    return entry
+
+
+def immutable(field: str) -> dict[str, Any]:
+    """Field-level transition rule: the value may not change after creation."""
+    return {
+        "x-kubernetes-validations": [
+            cel(
+                "self == oldSelf",
+                f"spec.{field} is immutable after creation: create a new LLMTrainingJob "
+                f"(or delete and re-apply this one) to change it",
+            )
+        ]
+    }
+
+
+class ApiModel(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_default=True,
+    )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The object as it is written to the Kubernetes API (camelCase, unset fields absent)."""
+        data: dict[str, Any] = self.model_dump(by_alias=True, exclude_none=True, mode="json")
+        return data

@@ -1,0 +1,574 @@
+"""The LLMTrainingJob spec: the one definition of the API.
+
+The CRD (`make generate`), the offline validator, the renderer and the trainer's config all derive
+from these models. Cross-field rules are CEL expressions attached to the models; they are
+evaluated by the Kubernetes API server (from the CRD) and by `llmtrain validate` (from the same
+text), so a rule is written once.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from llmtrain.api.base import (
+    DNS1123_SUBDOMAIN,
+    ENV_NAME_PATTERN,
+    QUALIFIED_NAME,
+    QUANTITY_PATTERN,
+    ApiModel,
+    cel,
+    immutable,
+)
+
+API_GROUP = "llmtrain.dev"
+API_VERSION = "v1alpha1"
+KIND = "LLMTrainingJob"
+PLURAL = "llmtrainingjobs"
+# KubeRay derives pod and service names from the RayJob name and caps it at 47 characters.
+MAX_NAME_LENGTH = 47
+
+Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=64)]
+ShortString = Annotated[str, Field(min_length=1, max_length=253)]
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the job's namespace; the value is never copied into any object."""
+
+    name: Annotated[str, Field(pattern=DNS1123_SUBDOMAIN, max_length=253)] = Field(
+        description="Name of the Secret in the LLMTrainingJob's namespace."
+    )
+    key: Annotated[str, Field(min_length=1, max_length=253)] = Field(
+        description="Key within the Secret that holds the value."
+    )
+
+
+class ModelSpec(ApiModel):
+    """What to train: a pretrained checkpoint, or an architecture from an inline config."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "has(self.name) != has(self.config)",
+                    "set exactly one of model.name (a hub id or a path on the shared storage) "
+                    "or model.config (an inline config to train from scratch)",
+                ),
+                cel(
+                    "!has(self.config) || has(self.tokenizer)",
+                    "model.tokenizer is required with model.config: name a hub id, a path, "
+                    "or 'byte-level' for the built-in byte tokenizer",
+                ),
+            ]
+        }
+    )
+
+    name: ShortString | None = Field(
+        default=None,
+        description="Hugging Face hub id (e.g. meta-llama/Meta-Llama-3-8B) or a path on the shared "
+        "storage (absolute, or relative to storage.mountPath) of a pretrained model.",
+    )
+    revision: Annotated[str, Field(min_length=1, max_length=128)] | None = Field(
+        default=None, description="Hub revision (branch, tag or commit) to load; defaults to main."
+    )
+    config: dict[str, Any] | None = Field(
+        default=None,
+        description="Inline Hugging Face model config (must contain model_type) to train from scratch; "
+        "meant for tests and demos.",
+    )
+    tokenizer: ShortString | None = Field(
+        default=None,
+        description="Tokenizer hub id or path; defaults to model.name. 'byte-level' selects the "
+        "built-in byte tokenizer (no download).",
+    )
+    trust_remote_code: bool = Field(
+        default=False,
+        description="Allow executing model code from the hub repository. Off by default: it runs "
+        "arbitrary code in every training pod.",
+    )
+    hf_token_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret key holding a Hugging Face token for gated models; injected as HF_TOKEN "
+        "through secretKeyRef only.",
+    )
+
+
+class DatasetSpec(ApiModel):
+    """Training data and how to turn it into token sequences."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "has(self.name) != has(self.path)",
+                    "set exactly one of dataset.name (a hub dataset id) or dataset.path "
+                    "(jsonl, parquet or text files on the shared storage)",
+                ),
+            ]
+        }
+    )
+
+    name: ShortString | None = Field(default=None, description="Hugging Face hub dataset id.")
+    path: Annotated[str, Field(min_length=1, max_length=1024)] | None = Field(
+        default=None,
+        description="File or directory of .jsonl, .parquet or .txt files: absolute, or relative to "
+        "storage.mountPath (relative to the job file's folder with `llmtrain run`).",
+    )
+    split: Annotated[str, Field(min_length=1, max_length=128)] = Field(
+        default="train", description="Dataset split to train on."
+    )
+    format: Literal["text", "instruction", "chat"] = Field(
+        default="text",
+        description="text: raw text (packed into fixed-length sequences); instruction: prompt and "
+        "response fields, loss on the response only; chat: a list of messages with the tokenizer's "
+        "chat template, loss on assistant turns only.",
+    )
+    text_field: Annotated[str, Field(min_length=1, max_length=128)] = Field(
+        default="text", description="Record field holding the text (format text)."
+    )
+    prompt_field: Annotated[str, Field(min_length=1, max_length=128)] = Field(
+        default="prompt", description="Record field holding the prompt (format instruction)."
+    )
+    response_field: Annotated[str, Field(min_length=1, max_length=128)] = Field(
+        default="response", description="Record field holding the response (format instruction)."
+    )
+    messages_field: Annotated[str, Field(min_length=1, max_length=128)] = Field(
+        default="messages", description="Record field holding the message list (format chat)."
+    )
+    prompt_template: Annotated[str, Field(min_length=1, max_length=4096)] | None = Field(
+        default=None,
+        description="Template for the prompt in format instruction, with {prompt} as placeholder; "
+        "defaults to the prompt as is.",
+    )
+    max_seq_length: int = Field(
+        default=2048, ge=8, le=1048576, description="Tokens per training sequence."
+    )
+    packing: bool = Field(
+        default=True,
+        description="Concatenate samples and cut them into full sequences (format text) instead of "
+        "padding each sample.",
+    )
+    validation_split: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=0.5,
+        description="Fraction of the data held out for validation loss; 0 disables it.",
+    )
+
+
+class LoraSpec(ApiModel):
+    """Low-rank adapters (peft)."""
+
+    rank: int = Field(default=16, ge=1, le=1024, description="Rank r of the adapter matrices.")
+    alpha: int = Field(default=32, ge=1, le=4096, description="Scaling alpha (the update is alpha/r).")
+    dropout: float = Field(default=0.05, ge=0.0, lt=1.0, description="Dropout on the adapter input.")
+    target_modules: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=128)]], Field(min_length=1, max_length=64)
+    ] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        description="Names of the modules that get adapters.",
+    )
+    merge_on_export: bool = Field(
+        default=False,
+        description="Also export the base model with the adapter merged into it.",
+    )
+
+
+class MethodSpec(ApiModel):
+    """Full fine-tuning or LoRA."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.lora) || self.type == 'lora'",
+                    "method.lora is only valid with method.type: lora; remove it or set type: lora",
+                ),
+            ]
+        }
+    )
+
+    type: Literal["full", "lora"] = Field(
+        default="full", description="full: train every weight; lora: train low-rank adapters only."
+    )
+    lora: LoraSpec | None = Field(
+        default=None, description="LoRA settings; defaults apply when type is lora and this is unset."
+    )
+
+
+class FsdpSpec(ApiModel):
+    """PyTorch FSDP2 (fully_shard) options."""
+
+    reshard_after_forward: bool = Field(
+        default=True,
+        description="Free gathered parameters after forward (ZeRO-3-like memory); false keeps them "
+        "for backward (ZeRO-2-like speed).",
+    )
+    cpu_offload: bool = Field(
+        default=False, description="Keep parameters, gradients and optimizer state in host memory."
+    )
+
+
+class DeepSpeedSpec(ApiModel):
+    """DeepSpeed ZeRO options."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!self.offloadParams || self.zeroStage == 3",
+                    "strategy.deepspeed.offloadParams needs zeroStage: 3",
+                ),
+            ]
+        }
+    )
+
+    zero_stage: Literal[1, 2, 3] = Field(
+        default=3,
+        description="1: shard optimizer state; 2: and gradients; 3: and parameters.",
+    )
+    offload_optimizer: bool = Field(
+        default=False, description="Offload optimizer state and step to the CPU (ZeRO-Offload)."
+    )
+    offload_params: bool = Field(
+        default=False, description="Offload parameters to the CPU (ZeRO-Infinity, stage 3 only)."
+    )
+
+
+class StrategySpec(ApiModel):
+    """How the model is distributed across workers."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.deepspeed) || self.type == 'deepspeed'",
+                    "strategy.deepspeed (zeroStage, offload) is only valid with strategy.type: "
+                    "deepspeed; remove it or change the type",
+                ),
+                cel(
+                    "!has(self.fsdp) || self.type == 'fsdp'",
+                    "strategy.fsdp is only valid with strategy.type: fsdp; remove it or change the type",
+                ),
+            ]
+        }
+    )
+
+    type: Literal["fsdp", "deepspeed", "ddp"] = Field(
+        default="fsdp",
+        description="fsdp: PyTorch FSDP2; deepspeed: DeepSpeed ZeRO; ddp: plain data parallel for "
+        "models that fit on one device.",
+    )
+    fsdp: FsdpSpec | None = Field(default=None, description="FSDP2 options (type fsdp).")
+    deepspeed: DeepSpeedSpec | None = Field(default=None, description="ZeRO options (type deepspeed).")
+
+
+class TrainingSpec(ApiModel):
+    """Optimisation hyperparameters."""
+
+    precision: Literal["bf16", "fp16", "fp32"] = Field(
+        default="bf16",
+        description="Compute precision on GPUs. CPU training always computes in fp32; fp16 is "
+        "rejected on CPU.",
+    )
+    max_steps: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000_000,
+        description="Optimizer steps to train; overrides epochs (the data repeats as needed).",
+    )
+    epochs: int = Field(default=1, ge=1, le=10_000, description="Passes over the data (without maxSteps).")
+    micro_batch_size: int = Field(default=1, ge=1, le=4096, description="Sequences per worker per step.")
+    gradient_accumulation_steps: int = Field(
+        default=1, ge=1, le=4096, description="Micro-batches accumulated per optimizer step."
+    )
+    learning_rate: float = Field(default=2e-5, gt=0.0, le=1.0, description="Peak learning rate (AdamW).")
+    warmup_ratio: float = Field(
+        default=0.03, ge=0.0, le=1.0, description="Fraction of steps with linear warm-up."
+    )
+    weight_decay: float = Field(default=0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(
+        default=1.0, ge=0.0, le=1e6, description="Gradient clipping norm; 0 disables clipping."
+    )
+    lr_scheduler: Literal["cosine", "linear", "constant"] = Field(
+        default="cosine", description="Learning-rate decay after warm-up."
+    )
+    gradient_checkpointing: bool = Field(
+        default=False, description="Recompute activations in backward to save memory (about +33% compute)."
+    )
+    seed: int = Field(default=42, ge=0, le=2**31 - 1, description="Seed for weights, data order and dropout.")
+    log_every_steps: int = Field(
+        default=10, ge=1, le=100_000, description="Steps between metric reports (loss, tokens/s, MFU)."
+    )
+
+
+class CheckpointSpec(ApiModel):
+    """Sharded checkpoints on the shared storage; the run resumes from the latest one."""
+
+    every_steps: int = Field(default=500, ge=1, le=10_000_000, description="Optimizer steps between checkpoints.")
+    keep: int = Field(default=3, ge=1, le=1000, description="Checkpoints kept (oldest deleted first).")
+    export: bool = Field(
+        default=True,
+        description="At the end, write a Hugging Face directory (safetensors, config, tokenizer) next to "
+        "the checkpoints.",
+    )
+
+
+class Toleration(ApiModel):
+    """A pod toleration (core/v1 Toleration)."""
+
+    key: Annotated[str, Field(max_length=316)] | None = Field(default=None, description="Taint key.")
+    operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal.")
+    value: Annotated[str, Field(max_length=63)] | None = Field(default=None, description="Taint value.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to tolerate; all effects when empty."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, ge=0, description="For NoExecute: how long the pod stays bound after the taint."
+    )
+
+
+class HeadResources(ApiModel):
+    """The Ray head pod runs the driver and the dashboard; it gets no GPU."""
+
+    cpu: Quantity = Field(default="2", description="CPU request and limit of the Ray head.")
+    memory: Quantity = Field(default="8Gi", description="Memory request and limit of the Ray head.")
+
+
+class ResourcesSpec(ApiModel):
+    """Workers, accelerators and placement."""
+
+    workers: int = Field(default=1, ge=1, le=1024, description="Ray worker pods (one training process per GPU).")
+    gpus_per_worker: int = Field(
+        default=1, ge=0, le=16, description="GPUs per worker pod; 0 trains on CPU (gloo)."
+    )
+    gpu_resource_name: Annotated[str, Field(pattern=QUALIFIED_NAME, max_length=253)] = Field(
+        default="nvidia.com/gpu", description="Extended resource name of the accelerator."
+    )
+    accelerator_type: Annotated[str, Field(min_length=1, max_length=63)] | None = Field(
+        default=None,
+        description="Node label value selecting the accelerator model (e.g. NVIDIA-H100-80GB-HBM3).",
+    )
+    accelerator_label_key: Annotated[str, Field(pattern=QUALIFIED_NAME, max_length=316)] = Field(
+        default="nvidia.com/gpu.product", description="Node label key that acceleratorType matches."
+    )
+    cpu: Quantity = Field(default="8", description="CPU request and limit of each worker pod.")
+    memory: Quantity = Field(default="64Gi", description="Memory request and limit of each worker pod.")
+    shared_memory: Quantity = Field(
+        default="16Gi",
+        description="Size of the memory-backed /dev/shm of every Ray pod (NCCL and the object store "
+        "need more than the 64Mi default); counts against the pod's memory.",
+    )
+    head: HeadResources = Field(default_factory=HeadResources, description="Ray head pod resources.")
+    node_selector: Annotated[dict[str, Annotated[str, Field(max_length=63)]], Field(max_length=64)] = Field(
+        default_factory=dict, description="Extra node labels the worker pods require."
+    )
+    tolerations: Annotated[list[Toleration], Field(max_length=32)] = Field(
+        default_factory=list,
+        description="Extra tolerations of the worker pods (a toleration of the GPU resource taint is "
+        "always added).",
+    )
+    priority_class_name: Annotated[str, Field(pattern=DNS1123_SUBDOMAIN, max_length=253)] | None = Field(
+        default=None, description="PriorityClass of every Ray pod."
+    )
+    image: Annotated[str, Field(min_length=1, max_length=512)] | None = Field(
+        default=None, description="Trainer image override; defaults to the operator's configured image."
+    )
+
+
+class StorageCreateSpec(ApiModel):
+    """A PersistentVolumeClaim created for (and deleted with) the job."""
+
+    size: Quantity = Field(description="Requested capacity, e.g. 500Gi.")
+    storage_class_name: Annotated[str, Field(pattern=DNS1123_SUBDOMAIN, max_length=253)] | None = Field(
+        default=None, description="StorageClass; the cluster default when unset."
+    )
+    access_modes: Annotated[
+        list[Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod", "ReadOnlyMany"]],
+        Field(min_length=1, max_length=4),
+    ] = Field(
+        default_factory=lambda: ["ReadWriteMany"],
+        description="Access modes; several nodes write checkpoints, so ReadWriteMany is the default.",
+    )
+
+
+class StorageSpec(ApiModel):
+    """Shared storage mounted at the same path on the head and every worker."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "has(self.claimName) != has(self.create)",
+                    "set exactly one of storage.claimName (an existing ReadWriteMany PVC) or "
+                    "storage.create (a PVC made for this job)",
+                ),
+            ]
+        }
+    )
+
+    claim_name: Annotated[str, Field(pattern=DNS1123_SUBDOMAIN, max_length=253)] | None = Field(
+        default=None, description="Existing PersistentVolumeClaim (ReadWriteMany) in the job's namespace."
+    )
+    create: StorageCreateSpec | None = Field(default=None, description="Create a PVC for this job.")
+    mount_path: Annotated[str, Field(pattern=r"^/[^:]*$", max_length=256)] = Field(
+        default="/mnt/llmtrain",
+        description="Where the storage is mounted; checkpoints go to <mountPath>/runs/<namespace>/<name>.",
+    )
+
+
+class EnvVar(ApiModel):
+    """A literal environment variable (no secret values: use references)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!self.name.startsWith('LLMTRAIN_')",
+                    "network.env names starting with LLMTRAIN_ are reserved for the trainer; rename it",
+                    ".name",
+                ),
+            ]
+        }
+    )
+
+    name: Annotated[str, Field(pattern=ENV_NAME_PATTERN, max_length=128)] = Field(
+        description="Variable name (letters, digits, underscore; not starting with a digit)."
+    )
+    value: Annotated[str, Field(max_length=4096)] = Field(default="", description="Variable value.")
+
+
+class NetworkSpec(ApiModel):
+    """NCCL settings for multi-GPU and multi-node communication."""
+
+    nccl_profile: Literal["auto", "nvlink", "infiniband", "efa", "ethernet"] = Field(
+        default="auto",
+        description="Fabric preset for NCCL variables: auto (NCCL's own detection), nvlink (single "
+        "node), infiniband, efa (AWS) or ethernet (TCP sockets).",
+    )
+    nccl_debug: Literal["VERSION", "WARN", "INFO", "TRACE"] = Field(
+        default="WARN", description="NCCL_DEBUG level."
+    )
+    collective_timeout_seconds: int = Field(
+        default=1800,
+        ge=60,
+        le=86400,
+        description="Timeout of a collective before the process group aborts (torch timeout_s).",
+    )
+    env: Annotated[list[EnvVar], Field(max_length=64)] = Field(
+        default_factory=list,
+        description="Extra variables for every Ray container; they override the profile's.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+
+
+class RunPolicySpec(ApiModel):
+    """Retries, deadlines, clean-up and queueing."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "has(self.queueName) == has(oldSelf.queueName)",
+                    "spec.runPolicy.queueName cannot be added or removed after creation",
+                ),
+            ]
+        }
+    )
+
+    max_retries: int = Field(
+        default=2,
+        ge=0,
+        le=100,
+        description="Whole-run retries on a new Ray cluster (RayJob backoffLimit); each resumes from "
+        "the latest checkpoint.",
+        json_schema_extra=immutable("runPolicy.maxRetries"),
+    )
+    max_worker_failures: int = Field(
+        default=3,
+        ge=-1,
+        le=1000,
+        description="Worker failures tolerated inside one Ray cluster (Ray Train FailureConfig); "
+        "every one restarts all workers from the latest checkpoint; -1 is unlimited.",
+        json_schema_extra=immutable("runPolicy.maxWorkerFailures"),
+    )
+    active_deadline_seconds: int | None = Field(
+        default=None, ge=1, description="Fail the run when it has been running this long (no retry)."
+    )
+    ttl_seconds_after_finished: int = Field(
+        default=3600, ge=0, description="Keep the finished Ray cluster this long for logs, then delete it."
+    )
+    suspend: bool = Field(
+        default=False,
+        description="Stop the Ray cluster and keep the checkpoints; setting it back to false resumes.",
+    )
+    queue_name: Annotated[str, Field(pattern=DNS1123_SUBDOMAIN, max_length=253)] | None = Field(
+        default=None,
+        description="Kueue LocalQueue; the job then waits for admission.",
+        json_schema_extra=immutable("runPolicy.queueName"),
+    )
+
+
+class LLMTrainingJobSpec(ApiModel):
+    """Desired state: what to train, how, on what, and under which policy."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.training.precision != 'fp16' || self.resources.gpusPerWorker > 0",
+                    "training.precision fp16 needs GPUs: use fp32 (or bf16) with "
+                    "resources.gpusPerWorker: 0",
+                    ".training.precision",
+                ),
+                cel(
+                    "self.strategy.type != 'deepspeed' || !has(self.strategy.deepspeed) || "
+                    "!self.strategy.deepspeed.offloadOptimizer || self.resources.gpusPerWorker > 0",
+                    "strategy.deepspeed.offloadOptimizer needs GPUs; CPU training already keeps "
+                    "everything in host memory",
+                    ".strategy.deepspeed.offloadOptimizer",
+                ),
+            ]
+        }
+    )
+
+    model: ModelSpec = Field(description="The model to train.", json_schema_extra=immutable("model"))
+    dataset: DatasetSpec = Field(description="The training data.", json_schema_extra=immutable("dataset"))
+    method: MethodSpec = Field(
+        default_factory=MethodSpec,
+        description="Full fine-tune or LoRA.",
+        json_schema_extra=immutable("method"),
+    )
+    strategy: StrategySpec = Field(
+        default_factory=StrategySpec,
+        description="Distribution strategy.",
+        json_schema_extra=immutable("strategy"),
+    )
+    training: TrainingSpec = Field(
+        default_factory=TrainingSpec,
+        description="Hyperparameters.",
+        json_schema_extra=immutable("training"),
+    )
+    checkpoint: CheckpointSpec = Field(
+        default_factory=CheckpointSpec,
+        description="Checkpointing and export.",
+        json_schema_extra=immutable("checkpoint"),
+    )
+    resources: ResourcesSpec = Field(
+        default_factory=ResourcesSpec,
+        description="Workers, GPUs and placement.",
+        json_schema_extra=immutable("resources"),
+    )
+    storage: StorageSpec = Field(
+        description="Shared storage for checkpoints, exports and data.",
+        json_schema_extra=immutable("storage"),
+    )
+    network: NetworkSpec = Field(
+        default_factory=NetworkSpec,
+        description="NCCL settings.",
+        json_schema_extra=immutable("network"),
+    )
+    run_policy: RunPolicySpec = Field(
+        default_factory=RunPolicySpec, description="Retries, deadlines, suspension and queueing."
+    )

@@ -1,0 +1,65 @@
+"""TrainerConfig: the contract between the renderer (or `llmtrain run`) and the trainer.
+
+The operator renders it into the job's ConfigMap; the trainer image and local mode parse it with
+this same model, so no field is read by name from a raw dict. It reuses the spec's own models for
+everything the user wrote and adds what only the renderer knows (resolved paths, run name, scale).
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+from pydantic import Field
+
+from llmtrain.api.base import ApiModel
+from llmtrain.api.spec import CheckpointSpec, DatasetSpec, MethodSpec, ModelSpec, StrategySpec, TrainingSpec
+
+CONFIG_FILENAME = "trainer-config.json"
+
+
+class JobRef(ApiModel):
+    """The LLMTrainingJob this run belongs to (for progress reports and log lines)."""
+
+    name: str
+    namespace: str = "default"
+
+
+class ScalingSpec(ApiModel):
+    """How many Ray Train workers, and what each one reserves."""
+
+    num_workers: int = Field(ge=1, description="Training processes (one per GPU, or per CPU worker).")
+    use_gpu: bool = False
+    cpus_per_worker: float = Field(default=1.0, gt=0)
+
+
+class ProgressSpec(ApiModel):
+    """Where rank 0 reports live progress; disabled outside a cluster."""
+
+    report_to_kubernetes: bool = False
+    interval_seconds: float = Field(default=15.0, gt=0)
+
+
+class TrainerConfig(ApiModel):
+    job: JobRef
+    run_name: str = Field(description="Ray Train RunConfig(name): stable per job so every restart resumes.")
+    storage_path: str = Field(description="Ray Train RunConfig(storage_path): shared, same path on every node.")
+    scaling: ScalingSpec
+    max_worker_failures: int = Field(default=0, ge=-1)
+    collective_timeout_seconds: int = Field(default=1800, ge=1)
+    model: ModelSpec
+    dataset: DatasetSpec
+    method: MethodSpec = Field(default_factory=MethodSpec)
+    strategy: StrategySpec = Field(default_factory=StrategySpec)
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    progress: ProgressSpec = Field(default_factory=ProgressSpec)
+
+    @property
+    def run_dir(self) -> PurePosixPath:
+        """Where Ray Train keeps this run's checkpoints: <storage_path>/<run_name>."""
+        return PurePosixPath(self.storage_path) / self.run_name
+
+    @property
+    def export_dir(self) -> PurePosixPath:
+        """The Hugging Face export, beside (not inside) the reported checkpoint chain."""
+        return self.run_dir / "export"

@@ -1,0 +1,99 @@
+"""Validate an LLMTrainingJob document offline, the way the API server would, with fixes.
+
+Two layers, both derived from the models: pydantic checks types, enums, ranges and patterns; the
+CRD's CEL rules check cross-field constraints. Each problem names the field path and the fix.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from llmtrain.api import cel
+from llmtrain.api.crd import openapi_schema
+from llmtrain.api.job import LLMTrainingJob
+
+
+@dataclass(frozen=True)
+class Problem:
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+class InvalidJob(ValueError):
+    """The document is not a valid LLMTrainingJob; `problems` lists every reason."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(str(p) for p in problems))
+
+
+@functools.cache
+def _schema() -> dict[str, Any]:
+    return openapi_schema()
+
+
+def _loc_to_path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out or "."
+
+
+def _hint(err: dict[str, Any]) -> str:
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    if kind == "extra_forbidden":
+        return "unknown field: remove it or check its spelling (`kubectl explain llmtj.spec`)"
+    if kind == "missing":
+        return "required field is missing: add it"
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected')}"
+    if kind == "string_pattern_mismatch":
+        return f"invalid value {err.get('input')!r}: must match {ctx.get('pattern')}"
+    message: str = err["msg"]
+    return f"{message} (got {err.get('input')!r})" if "input" in err and not isinstance(err["input"], dict) else message
+
+
+def _pydantic_problems(exc: ValidationError) -> list[Problem]:
+    problems = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        # Optional/union fields add the type name to the location; drop those segments.
+        loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in {"str", "int", "float"})))
+        problems.append(Problem(_loc_to_path(loc), _hint(dict(err))))
+    return problems
+
+
+def parse_job(document: Any, old: dict[str, Any] | None = None) -> LLMTrainingJob:
+    """Parse and fully validate; raise InvalidJob listing every problem."""
+    if not isinstance(document, dict):
+        raise InvalidJob([Problem(".", "the document must be a YAML mapping (an LLMTrainingJob object)")])
+    try:
+        # Wire documents are camelCase only: a snake_case key is an unknown field to the API server.
+        job = LLMTrainingJob.model_validate(document, by_alias=True, by_name=False)
+    except ValidationError as exc:
+        raise InvalidJob(_pydantic_problems(exc)) from None
+    wire = job.to_wire()
+    wire.pop("status", None)
+    kwargs: dict[str, Any] = {}
+    if old is not None:
+        kwargs["old"] = old
+    found = cel.violations(_schema(), wire, **kwargs)
+    if found:
+        raise InvalidJob([Problem(v.path, v.message) for v in found])
+    return job
+
+
+def problems_of(document: Any) -> list[Problem]:
+    try:
+        parse_job(document)
+    except InvalidJob as exc:
+        return exc.problems
+    return []

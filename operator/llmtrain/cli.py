@@ -1,0 +1,150 @@
+"""`llmtrain`: render, validate and run LLMTrainingJobs without a cluster; start the operator.
+
+Subcommands import heavy dependencies (Ray, torch, Kopf) lazily, so `render` and `validate` stay
+fast and work with only the core install.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from llmtrain.api.crd import crd_yaml
+from llmtrain.api.validation import InvalidJob, Problem, parse_job
+
+
+def _documents(path: Path) -> Iterator[Any]:
+    text = sys.stdin.read() if str(path) == "-" else path.read_text()
+    for doc in yaml.safe_load_all(text):
+        if doc is not None:
+            yield doc
+
+
+def _load_one(path: Path) -> Any:
+    docs = list(_documents(path))
+    if len(docs) != 1:
+        raise InvalidJob([Problem(".", f"{path} holds {len(docs)} documents; give one LLMTrainingJob per file")])
+    return docs[0]
+
+
+def _dump(objects: list[dict[str, Any]], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2) + "\n"
+    return "".join("---\n" + yaml.safe_dump(o, sort_keys=False) for o in objects)
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from llmtrain.render import ImageSettings, render
+
+    try:
+        job = parse_job(_load_one(args.file))
+    except InvalidJob as exc:
+        _print_problems(args.file, exc.problems)
+        return 1
+    images = ImageSettings(trainer_image=args.trainer_image) if args.trainer_image else ImageSettings()
+    sys.stdout.write(_dump(render(job, images), args.output))
+    return 0
+
+
+def _print_problems(path: Path, problems: list[Problem]) -> None:
+    for problem in problems:
+        print(f"{path}: {problem}", file=sys.stderr)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    failed = False
+    for path in args.files:
+        try:
+            docs = list(_documents(path))
+        except (OSError, yaml.YAMLError) as exc:
+            print(f"{path}: cannot read: {exc}", file=sys.stderr)
+            failed = True
+            continue
+        if not docs:
+            print(f"{path}: no document found", file=sys.stderr)
+            failed = True
+        for doc in docs:
+            try:
+                parse_job(doc)
+            except InvalidJob as exc:
+                _print_problems(path, exc.problems)
+                failed = True
+    if not failed:
+        print(f"{len(args.files)} file(s) valid")
+    return 1 if failed else 0
+
+
+def cmd_crd(args: argparse.Namespace) -> int:
+    sys.stdout.write(crd_yaml())
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        from llmtrain_trainer.local import run_local
+    except ImportError as exc:
+        print(f"llmtrain run needs the training extra: pip install 'llmtrain[train]' ({exc})", file=sys.stderr)
+        return 2
+    return run_local(args.file, runs_root=args.runs_dir, use_gpu=args.gpu, fresh=args.fresh)
+
+
+def cmd_operator(args: argparse.Namespace) -> int:
+    try:
+        from llmtrain.operator.main import run_operator
+    except ImportError as exc:
+        print(f"llmtrain operator needs the operator extra: pip install 'llmtrain[operator]' ({exc})", file=sys.stderr)
+        return 2
+    return run_operator(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llmtrain", description="Train LLMs on Kubernetes with one kubectl apply.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("render", help="print the Kubernetes objects an LLMTrainingJob becomes")
+    p.add_argument("file", type=Path, help="LLMTrainingJob YAML file ('-' for stdin)")
+    p.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
+    p.add_argument("--trainer-image", help="trainer image (default: the release's image)")
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("validate", help="check LLMTrainingJob files as the API server would")
+    p.add_argument("files", type=Path, nargs="+")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("crd", help="print the LLMTrainingJob CustomResourceDefinition")
+    p.set_defaults(func=cmd_crd)
+
+    p = sub.add_parser("run", help="train an LLMTrainingJob on this machine with a local Ray")
+    p.add_argument("file", type=Path)
+    p.add_argument("--runs-dir", type=Path, default=Path("llmtrain-runs"), help="where runs are kept")
+    p.add_argument("--gpu", action="store_true", help="train on local GPUs (default: CPU)")
+    p.add_argument("--fresh", action="store_true", help="discard the previous run and start over")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("operator", help="run the Kubernetes operator")
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("--all-namespaces", "-A", action="store_true", default=False, help="watch every namespace (default)")
+    scope.add_argument("--namespace", "-n", action="append", default=[], help="watch this namespace (repeatable)")
+    p.add_argument("--liveness-port", type=int, default=8080, help="serves /healthz (0 disables)")
+    p.add_argument("--metrics-port", type=int, default=9090, help="serves Prometheus /metrics (0 disables)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning"], default="info")
+    p.add_argument("--log-format", choices=["json", "plain"], default="json")
+    p.add_argument("--trainer-image", help="default trainer image for jobs that set none")
+    p.set_defaults(func=cmd_operator)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

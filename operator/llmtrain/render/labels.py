@@ -1,0 +1,49 @@
+"""Labels on every child, and the owner reference that ties it to its LLMTrainingJob."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmtrain.api.job import LLMTrainingJob
+from llmtrain.api.spec import API_GROUP, API_VERSION, KIND
+
+JOB_LABEL = f"{API_GROUP}/job"
+MANAGED_BY = "llmtrain-operator"
+
+
+def labels(job: LLMTrainingJob, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "llmtrain",
+        "app.kubernetes.io/instance": job.metadata.name,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        "app.kubernetes.io/component": component,
+        JOB_LABEL: job.metadata.name,
+    }
+
+
+def owner_references(job: LLMTrainingJob) -> list[dict[str, Any]]:
+    """A controller reference when the job has a uid (it does once stored by the API server)."""
+    if not job.metadata.uid:
+        return []
+    return [
+        {
+            "apiVersion": f"{API_GROUP}/{API_VERSION}",
+            "kind": KIND,
+            "name": job.metadata.name,
+            "uid": job.metadata.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+
+
+def object_meta(job: LLMTrainingJob, name: str, component: str) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": job.metadata.namespace,
+        "labels": labels(job, component),
+    }
+    owners = owner_references(job)
+    if owners:
+        meta["ownerReferences"] = owners
+    return meta

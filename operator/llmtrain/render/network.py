@@ -1,0 +1,55 @@
+"""NCCL environment per fabric profile; user overrides win. CPU jobs get none of it."""
+
+from __future__ import annotations
+
+from llmtrain.api.spec import NetworkSpec
+
+# Interfaces NCCL must never bootstrap over inside a pod.
+_NOT_LOOPBACK = "^lo,docker0"
+
+PROFILES: dict[str, dict[str, str]] = {
+    # Let NCCL detect the fabric; only keep it off the loopback interface.
+    "auto": {"NCCL_SOCKET_IFNAME": _NOT_LOOPBACK},
+    # One node with NVLink/NVSwitch: peer-to-peer over NVLink, no network transport needed.
+    "nvlink": {"NCCL_SOCKET_IFNAME": _NOT_LOOPBACK, "NCCL_P2P_LEVEL": "NVL"},
+    "infiniband": {
+        "NCCL_SOCKET_IFNAME": _NOT_LOOPBACK,
+        "NCCL_IB_DISABLE": "0",
+        "NCCL_NET_GDR_LEVEL": "PHB",
+        "NCCL_IB_TIMEOUT": "22",
+        "NCCL_IB_RETRY_CNT": "7",
+    },
+    # AWS EFA through the aws-ofi-nccl plugin (libfabric).
+    "efa": {
+        "NCCL_SOCKET_IFNAME": _NOT_LOOPBACK,
+        "FI_PROVIDER": "efa",
+        "FI_EFA_USE_DEVICE_RDMA": "1",
+        "FI_EFA_FORK_SAFE": "1",
+    },
+    # Plain TCP: more sockets and threads per connection to fill the link.
+    "ethernet": {
+        "NCCL_SOCKET_IFNAME": _NOT_LOOPBACK,
+        "NCCL_IB_DISABLE": "1",
+        "NCCL_SOCKET_NTHREADS": "4",
+        "NCCL_NSOCKS_PERTHREAD": "4",
+    },
+}
+
+
+def nccl_env(network: NetworkSpec, uses_gpu: bool) -> dict[str, str]:
+    if not uses_gpu:
+        return {}
+    env = dict(PROFILES[network.nccl_profile])
+    env["NCCL_DEBUG"] = network.nccl_debug
+    # Fail fast on a broken collective instead of hanging until the job deadline.
+    env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
+    env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] = str(network.collective_timeout_seconds)
+    return env
+
+
+def container_env(network: NetworkSpec, uses_gpu: bool) -> dict[str, str]:
+    """Profile variables, then the user's overrides (which win, also on CPU jobs)."""
+    env = nccl_env(network, uses_gpu)
+    for var in network.env:
+        env[var.name] = var.value
+    return env

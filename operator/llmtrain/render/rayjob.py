@@ -1,0 +1,216 @@
+"""The KubeRay RayJob: a head group (driver, dashboard, no GPU) and one GPU worker group.
+
+Every Ray pod mounts the shared storage at the same path (Ray Train's storage_path must be
+shared), a memory-backed /dev/shm, and runs under the restricted Pod Security profile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from llmtrain.api.job import LLMTrainingJob
+from llmtrain.api.trainer_config import CONFIG_FILENAME
+from llmtrain.render.labels import object_meta
+from llmtrain.render.names import configmap_name, rayjob_name, trainer_account_name
+from llmtrain.render.network import container_env
+from llmtrain.render.storage import claim_name
+
+CONFIG_DIR = "/etc/llmtrain"
+ENTRYPOINT = f"python -m llmtrain_trainer.main --config {CONFIG_DIR}/{CONFIG_FILENAME}"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+RAY_UID = 1000
+WORKER_GROUP = "workers"
+
+
+@dataclass(frozen=True)
+class ImageSettings:
+    """Operator-wide defaults the spec does not carry."""
+
+    trainer_image: str = "ghcr.io/llmtrain/trainer:0.1.0"
+    ray_version: str = "2.60.0"
+    image_pull_policy: str = "IfNotPresent"
+
+
+POD_SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": RAY_UID,
+    "runAsGroup": RAY_UID,
+    "fsGroup": RAY_UID,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def _env(job: LLMTrainingJob, uses_gpu: bool) -> list[dict[str, Any]]:
+    spec = job.spec
+    env: list[dict[str, Any]] = [
+        {"name": "LLMTRAIN_JOB_NAME", "value": job.metadata.name},
+        {"name": "LLMTRAIN_JOB_NAMESPACE", "value": job.metadata.namespace},
+        {"name": "HF_HOME", "value": f"{spec.storage.mount_path}/hf-cache"},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    if not uses_gpu:
+        env.append({"name": "DS_ACCELERATOR", "value": "cpu"})
+    ref = spec.model.hf_token_secret_ref
+    if ref is not None:
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    env.extend({"name": k, "value": v} for k, v in container_env(spec.network, uses_gpu).items())
+    return env
+
+
+def _volumes(job: LLMTrainingJob) -> list[dict[str, Any]]:
+    return [
+        {"name": "shared-storage", "persistentVolumeClaim": {"claimName": claim_name(job)}},
+        {"name": "trainer-config", "configMap": {"name": configmap_name(job.metadata.name)}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": job.spec.resources.shared_memory}},
+    ]
+
+
+def _mounts(job: LLMTrainingJob) -> list[dict[str, Any]]:
+    return [
+        {"name": "shared-storage", "mountPath": job.spec.storage.mount_path},
+        {"name": "trainer-config", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+
+
+def _pod_spec(
+    job: LLMTrainingJob,
+    images: ImageSettings,
+    container: dict[str, Any],
+    *,
+    node_selector: dict[str, str],
+    tolerations: list[dict[str, Any]],
+) -> dict[str, Any]:
+    res = job.spec.resources
+    pod: dict[str, Any] = {
+        "serviceAccountName": trainer_account_name(job.metadata.name),
+        "securityContext": POD_SECURITY_CONTEXT,
+        "containers": [container],
+        "volumes": _volumes(job),
+    }
+    if node_selector:
+        pod["nodeSelector"] = node_selector
+    if tolerations:
+        pod["tolerations"] = tolerations
+    if res.priority_class_name:
+        pod["priorityClassName"] = res.priority_class_name
+    return pod
+
+
+def _container(job: LLMTrainingJob, images: ImageSettings, name: str, resources: dict[str, str]) -> dict[str, Any]:
+    uses_gpu = job.spec.resources.gpus_per_worker > 0
+    return {
+        "name": name,
+        "image": job.spec.resources.image or images.trainer_image,
+        "imagePullPolicy": images.image_pull_policy,
+        "env": _env(job, uses_gpu),
+        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        "volumeMounts": _mounts(job),
+        "securityContext": CONTAINER_SECURITY_CONTEXT,
+    }
+
+
+def _head_group(job: LLMTrainingJob, images: ImageSettings) -> dict[str, Any]:
+    head = job.spec.resources.head
+    container = _container(job, images, "ray-head", {"cpu": head.cpu, "memory": head.memory})
+    container["ports"] = [
+        {"name": "gcs", "containerPort": 6379},
+        {"name": "dashboard", "containerPort": 8265},
+        {"name": "client", "containerPort": 10001},
+    ]
+    return {
+        # num-cpus 0: no training worker is ever scheduled on the head.
+        "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0"},
+        "template": {
+            "metadata": {"labels": {"llmtrain.dev/job": job.metadata.name, "llmtrain.dev/role": "head"}},
+            "spec": _pod_spec(
+                job,
+                images,
+                container,
+                node_selector=dict(job.spec.resources.node_selector),
+                tolerations=[t.to_wire() for t in job.spec.resources.tolerations],
+            ),
+        },
+    }
+
+
+def _worker_group(job: LLMTrainingJob, images: ImageSettings) -> dict[str, Any]:
+    res = job.spec.resources
+    limits = {"cpu": res.cpu, "memory": res.memory}
+    node_selector = dict(res.node_selector)
+    tolerations = [t.to_wire() for t in res.tolerations]
+    if res.gpus_per_worker > 0:
+        limits[res.gpu_resource_name] = str(res.gpus_per_worker)
+        # GPU nodes are commonly tainted with the resource name; tolerate it by default.
+        tolerations.append({"key": res.gpu_resource_name, "operator": "Exists", "effect": "NoSchedule"})
+        if res.accelerator_type:
+            node_selector[res.accelerator_label_key] = res.accelerator_type
+    container = _container(job, images, "ray-worker", limits)
+    return {
+        "groupName": WORKER_GROUP,
+        "replicas": res.workers,
+        "minReplicas": res.workers,
+        "maxReplicas": res.workers,
+        "rayStartParams": {},
+        "template": {
+            "metadata": {"labels": {"llmtrain.dev/job": job.metadata.name, "llmtrain.dev/role": "worker"}},
+            "spec": _pod_spec(job, images, container, node_selector=node_selector, tolerations=tolerations),
+        },
+    }
+
+
+def _submitter_template(job: LLMTrainingJob, images: ImageSettings) -> dict[str, Any]:
+    """KubeRay's default submitter pod has no securityContext; restricted namespaces reject it."""
+    return {
+        "spec": {
+            "restartPolicy": "Never",
+            "securityContext": POD_SECURITY_CONTEXT,
+            "containers": [
+                {
+                    "name": "ray-job-submitter",
+                    "image": job.spec.resources.image or images.trainer_image,
+                    "imagePullPolicy": images.image_pull_policy,
+                    "resources": {
+                        "requests": {"cpu": "200m", "memory": "256Mi"},
+                        "limits": {"cpu": "1", "memory": "1Gi"},
+                    },
+                    "securityContext": CONTAINER_SECURITY_CONTEXT,
+                }
+            ],
+        }
+    }
+
+
+def render_rayjob(job: LLMTrainingJob, images: ImageSettings) -> dict[str, Any]:
+    policy = job.spec.run_policy
+    meta = object_meta(job, rayjob_name(job.metadata.name), "training")
+    if policy.queue_name:
+        meta["labels"][KUEUE_QUEUE_LABEL] = policy.queue_name
+    spec: dict[str, Any] = {
+        "entrypoint": ENTRYPOINT,
+        # Always true: suspend and Kueue require it, and a finished job must release its GPUs.
+        "shutdownAfterJobFinishes": True,
+        "ttlSecondsAfterFinished": policy.ttl_seconds_after_finished,
+        "backoffLimit": policy.max_retries,
+        "suspend": policy.suspend,
+        # One submitter attempt: an application failure must not be resubmitted (kuberay#2376);
+        # retries happen at the RayJob level on a fresh cluster, resuming from the checkpoint.
+        "submitterConfig": {"backoffLimit": 0},
+        "submitterPodTemplate": _submitter_template(job, images),
+        "rayClusterSpec": {
+            "rayVersion": images.ray_version,
+            "enableInTreeAutoscaling": False,
+            "headGroupSpec": _head_group(job, images),
+            "workerGroupSpecs": [_worker_group(job, images)],
+        },
+    }
+    if policy.active_deadline_seconds is not None:
+        spec["activeDeadlineSeconds"] = policy.active_deadline_seconds
+    return {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": meta, "spec": spec}

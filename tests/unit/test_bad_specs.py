@@ -1,0 +1,147 @@
+"""At least 30 distinct bad specs: each rejected offline by `llmtrain validate` with a message that
+names the field, and, where a CRD can express it, by the CRD's own schema and CEL rules too."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from llmtrain.api import cel
+from llmtrain.api.crd import openapi_schema
+from llmtrain.cli import main
+from tests.support.jobs import minimal_job, with_path
+
+BASE = minimal_job("bad")
+
+
+def spec(path: str, value: Any) -> dict[str, Any]:
+    return with_path(BASE, f"spec.{path}", value)
+
+
+# (id, document, text the error must contain (the field), caught by the CRD too?)
+BAD: list[tuple[str, dict[str, Any], str, bool]] = [
+    ("unknown-strategy", spec("strategy", {"type": "megatron"}), "strategy.type", True),
+    ("zero-stage-with-fsdp", spec("strategy", {"type": "fsdp", "deepspeed": {"zeroStage": 2}}), "strategy.deepspeed", True),
+    ("fsdp-block-with-deepspeed", spec("strategy", {"type": "deepspeed", "fsdp": {"cpuOffload": True}}), "strategy.fsdp", True),
+    ("zero-stage-4", spec("strategy", {"type": "deepspeed", "deepspeed": {"zeroStage": 4}}), "zeroStage", True),
+    ("offload-params-stage-2", spec("strategy", {"type": "deepspeed", "deepspeed": {"zeroStage": 2, "offloadParams": True}}), "offloadParams", True),
+    ("both-storage-choices", spec("storage", {"claimName": "x", "create": {"size": "1Gi"}}), "storage", True),
+    ("no-storage-choice", spec("storage", {"mountPath": "/data"}), "storage", True),
+    ("storage-missing", spec("storage", None), "storage", True),
+    ("negative-workers", spec("resources", {"workers": -1}), "resources.workers", True),
+    ("zero-workers", spec("resources", {"workers": 0}), "resources.workers", True),
+    ("workers-as-string", spec("resources", {"workers": "two"}), "resources.workers", True),
+    ("bad-cpu-quantity", spec("resources", {"cpu": "lots"}), "resources.cpu", True),
+    ("bad-memory-quantity", spec("resources", {"memory": "64GB"}), "resources.memory", True),
+    ("bad-shm-quantity", spec("resources", {"sharedMemory": "-"}), "resources.sharedMemory", True),
+    ("bad-pvc-size", spec("storage", {"create": {"size": "big"}}), "storage.create.size", True),
+    ("pvc-size-missing", spec("storage", {"create": {"storageClassName": "rwx"}}), "storage.create.size", True),
+    ("bad-access-mode", spec("storage", {"create": {"size": "1Gi", "accessModes": ["ReadWriteSometimes"]}}), "accessModes", True),
+    ("relative-mount-path", spec("storage", {"claimName": "x", "mountPath": "data"}), "storage.mountPath", True),
+    ("name-too-long", with_path(BASE, "metadata.name", "a" * 48), "metadata.name", True),
+    ("name-not-dns1035", with_path(BASE, "metadata.name", "9lives"), "metadata.name", True),
+    ("bad-env-name", spec("network", {"env": [{"name": "1BAD", "value": "x"}]}), "network.env", True),
+    ("env-name-with-dash", spec("network", {"env": [{"name": "NCCL-DEBUG", "value": "x"}]}), "network.env", True),
+    ("reserved-env-name", spec("network", {"env": [{"name": "LLMTRAIN_JOB_NAME", "value": "x"}]}), "network.env", True),
+    ("unknown-nccl-profile", spec("network", {"ncclProfile": "token-ring"}), "network.ncclProfile", True),
+    ("fp16-on-cpu", with_path(spec("resources", {"gpusPerWorker": 0}), "spec.training", {"precision": "fp16"}), "training.precision", True),
+    ("lora-block-with-full", spec("method", {"type": "full", "lora": {"rank": 8}}), "method.lora", True),
+    ("unknown-method", spec("method", {"type": "qlora-9000"}), "method.type", True),
+    ("lora-rank-zero", spec("method", {"type": "lora", "lora": {"rank": 0}}), "lora.rank", True),
+    ("lora-dropout-one", spec("method", {"type": "lora", "lora": {"dropout": 1.0}}), "lora.dropout", True),
+    ("model-name-and-config", spec("model", {"name": "x", "config": {"model_type": "llama"}}), "model", True),
+    ("model-neither", spec("model", {"revision": "main"}), "model", True),
+    ("config-without-tokenizer", spec("model", {"config": {"model_type": "llama"}}), "model.tokenizer", True),
+    ("dataset-name-and-path", spec("dataset", {"name": "x", "path": "/d"}), "dataset", True),
+    ("unknown-dataset-format", spec("dataset", {"name": "x", "format": "csv"}), "dataset.format", True),
+    ("tiny-seq-length", spec("dataset", {"name": "x", "maxSeqLength": 4}), "dataset.maxSeqLength", True),
+    ("validation-split-too-big", spec("dataset", {"name": "x", "validationSplit": 0.9}), "dataset.validationSplit", True),
+    ("negative-learning-rate", spec("training", {"learningRate": -0.1}), "training.learningRate", True),
+    ("zero-learning-rate", spec("training", {"learningRate": 0}), "training.learningRate", True),
+    ("unknown-precision", spec("training", {"precision": "fp8"}), "training.precision", True),
+    ("unknown-scheduler", spec("training", {"lrScheduler": "exotic"}), "training.lrScheduler", True),
+    ("zero-checkpoint-interval", spec("checkpoint", {"everySteps": 0}), "checkpoint.everySteps", True),
+    ("negative-retries", spec("runPolicy", {"maxRetries": -1}), "runPolicy.maxRetries", True),
+    ("worker-failures-below-minus-one", spec("runPolicy", {"maxWorkerFailures": -2}), "runPolicy.maxWorkerFailures", True),
+    ("zero-deadline", spec("runPolicy", {"activeDeadlineSeconds": 0}), "runPolicy.activeDeadlineSeconds", True),
+    ("bad-queue-name", spec("runPolicy", {"queueName": "Gpu Queue"}), "runPolicy.queueName", True),
+    ("unknown-spec-field", spec("learningRate", 0.1), "spec.learningRate", True),
+    ("unknown-nested-field", spec("training", {"learning_rate": 0.1}), "training.learning_rate", True),
+    ("gpus-too-many", spec("resources", {"gpusPerWorker": 64}), "resources.gpusPerWorker", True),
+    ("bad-gpu-resource-name", spec("resources", {"gpuResourceName": "nvidia gpu"}), "resources.gpuResourceName", True),
+    ("bad-toleration-operator", spec("resources", {"tolerations": [{"key": "a", "operator": "Maybe"}]}), "tolerations", True),
+    ("secret-ref-without-key", spec("model", {"name": "x", "hfTokenSecretRef": {"name": "hf"}}), "hfTokenSecretRef.key", True),
+    ("offload-optimizer-on-cpu", with_path(spec("strategy", {"type": "deepspeed", "deepspeed": {"offloadOptimizer": True}}), "spec.resources", {"gpusPerWorker": 0}), "offloadOptimizer", True),
+]
+
+
+def test_table_is_large_and_distinct() -> None:
+    assert len(BAD) >= 30
+    assert len({b[0] for b in BAD}) == len(BAD)
+    assert len({yaml.safe_dump(b[1]) for b in BAD}) == len(BAD)
+
+
+def _write(tmp_path: Path, doc: dict[str, Any]) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.mark.parametrize(("doc", "field"), [(b[1], b[2]) for b in BAD], ids=[b[0] for b in BAD])
+def test_llmtrain_validate_rejects_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], doc: dict[str, Any], field: str
+) -> None:
+    code = main(["validate", str(_write(tmp_path, doc))])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert field in err, err
+    # One line per problem, each naming the file.
+    assert all(line.startswith(str(tmp_path)) for line in err.strip().splitlines())
+
+
+def _strict(schema: dict[str, Any]) -> dict[str, Any]:
+    """kubectl (>= 1.27) asks for strict field validation: unknown fields are errors, not pruned."""
+    out = copy.deepcopy(schema)
+    if "properties" in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+        out["properties"] = {k: _strict(v) for k, v in out["properties"].items()}
+    if "items" in out:
+        out["items"] = _strict(out["items"])
+    return out
+
+
+def _crd_rejects(doc: dict[str, Any]) -> bool:
+    """What the API server would do: structural schema (strict fields, defaults applied), then CEL."""
+    schema = openapi_schema()
+    try:
+        jsonschema.Draft4Validator(_strict(schema)).validate(doc)
+    except jsonschema.ValidationError:
+        return True
+    return bool(cel.violations(schema, _with_defaults(schema, copy.deepcopy(doc))))
+
+
+def _with_defaults(schema: dict[str, Any], value: Any) -> Any:
+    if isinstance(value, dict):
+        for key, sub in schema.get("properties", {}).items():
+            if key not in value and "default" in sub:
+                value[key] = copy.deepcopy(sub["default"])
+            if key in value:
+                value[key] = _with_defaults(sub, value[key])
+    elif isinstance(value, list) and "items" in schema:
+        return [_with_defaults(schema["items"], v) for v in value]
+    return value
+
+
+@pytest.mark.parametrize("doc", [b[1] for b in BAD if b[3]], ids=[b[0] for b in BAD if b[3]])
+def test_crd_schema_or_cel_rejects(doc: dict[str, Any]) -> None:
+    assert _crd_rejects(doc)
+
+
+def test_valid_base_passes_both(tmp_path: Path) -> None:
+    assert not _crd_rejects(BASE)
+    assert main(["validate", str(_write(tmp_path, BASE))]) == 0
