@@ -15,6 +15,7 @@ from llmtrain.api import cel
 from llmtrain.api.crd import openapi_schema
 from llmtrain.cli import main
 from tests.support.jobs import minimal_job, with_path
+from tests.support.schema import validate_strict
 
 BASE = minimal_job("bad")
 
@@ -104,22 +105,11 @@ def test_llmtrain_validate_rejects_naming_the_field(
     assert all(line.startswith(str(tmp_path)) for line in err.strip().splitlines())
 
 
-def _strict(schema: dict[str, Any]) -> dict[str, Any]:
-    """kubectl (>= 1.27) asks for strict field validation: unknown fields are errors, not pruned."""
-    out = copy.deepcopy(schema)
-    if "properties" in out and not out.get("x-kubernetes-preserve-unknown-fields"):
-        out["additionalProperties"] = False
-        out["properties"] = {k: _strict(v) for k, v in out["properties"].items()}
-    if "items" in out:
-        out["items"] = _strict(out["items"])
-    return out
-
-
 def _crd_rejects(doc: dict[str, Any]) -> bool:
     """What the API server would do: structural schema (strict fields, defaults applied), then CEL."""
     schema = openapi_schema()
     try:
-        jsonschema.Draft4Validator(_strict(schema)).validate(doc)
+        validate_strict(doc, schema)
     except jsonschema.ValidationError:
         return True
     return bool(cel.violations(schema, _with_defaults(schema, copy.deepcopy(doc))))

@@ -1,0 +1,81 @@
+"""Fault injection: make the next N matching requests fail or slow down, before they touch any state.
+
+Rules are matched by Kubernetes verb (`get list watch create update patch delete`, `*` for any) and
+resource as RBAC spells it (`rayjobs`, `rayjobs/status`, `rayjobs.ray.io`, `*`). Tests set rules from
+their own thread while the server consumes them from its thread, hence the lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+VERBS = frozenset({"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection", "*"})
+
+
+@dataclass
+class Fault:
+    verb: str
+    resource: str
+    status: int | None = None  # None: only the delay
+    times: int | None = 1  # None: every matching request until cleared
+    retry_after: float | None = None
+    delay: float = 0.0
+    message: str | None = None
+    hits: int = 0  # how many requests this rule has answered so far
+
+    def matches(self, verb: str, group: str, plural: str, subresource: str | None) -> bool:
+        names = {plural, f"{plural}.{group}"} if group else {plural}
+        if subresource:
+            names = {f"{name}/{subresource}" for name in names}
+        return self.verb in ("*", verb) and (self.resource == "*" or self.resource in names)
+
+    @property
+    def exhausted(self) -> bool:
+        return self.times is not None and self.hits >= self.times
+
+
+class Faults:
+    """The fault rules of one server; the first rule that matches a request answers it."""
+
+    def __init__(self) -> None:
+        self._rules: list[Fault] = []
+        self._lock = threading.Lock()
+
+    def fail(
+        self,
+        verb: str,
+        resource: str,
+        status: int = 500,
+        *,
+        times: int | None = 1,
+        retry_after: float | None = None,
+        message: str | None = None,
+        delay: float = 0.0,
+    ) -> Fault:
+        """Answer the next `times` matching requests with `status` (e.g. 500, 429 with `retry_after`, 409)."""
+        return self._add(Fault(verb, resource, status, times, retry_after, delay, message))
+
+    def delay(self, verb: str, resource: str, seconds: float, *, times: int | None = None) -> Fault:
+        """Serve the matching requests normally, but only after `seconds`."""
+        return self._add(Fault(verb, resource, None, times, None, seconds))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._rules.clear()
+
+    def take(self, verb: str, group: str, plural: str, subresource: str | None) -> Fault | None:
+        """Consume one use of the first live rule that matches this request, if any."""
+        with self._lock:
+            for rule in self._rules:
+                if not rule.exhausted and rule.matches(verb, group, plural, subresource):
+                    rule.hits += 1
+                    return rule
+        return None
+
+    def _add(self, rule: Fault) -> Fault:
+        if rule.verb not in VERBS:
+            raise ValueError(f"unknown verb {rule.verb!r}; use one of {sorted(VERBS)}")
+        with self._lock:
+            self._rules.append(rule)
+        return rule

@@ -1,0 +1,251 @@
+"""Each rendering requirement of the foundation issue, asserted directly."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from typing import Any
+
+import pytest
+
+from llmtrain.api.job import LLMTrainingJob
+from llmtrain.api.trainer_config import CONFIG_FILENAME, TrainerConfig
+from llmtrain.api.validation import parse_job
+from llmtrain.render import ImageSettings, render
+from llmtrain.render.names import MAX_CHILD_NAME, child_name
+from llmtrain.render.network import PROFILES
+from tests.support.jobs import load_example, minimal_job, with_path
+
+DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def _job(doc: dict[str, Any]) -> LLMTrainingJob:
+    return parse_job(doc)
+
+
+def _by_kind(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {o["kind"]: o for o in objs}
+
+
+def _gpu_job(**spec: Any) -> dict[str, Any]:
+    base = {
+        "resources": {
+            "workers": 4, "gpusPerWorker": 8, "acceleratorType": "NVIDIA-H100-80GB-HBM3", "cpu": "96",
+            "memory": "1000Gi", "sharedMemory": "64Gi", "head": {"cpu": "3", "memory": "12Gi"},
+            "nodeSelector": {"pool": "training"},
+            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
+            "priorityClassName": "high",
+        },
+        "network": {"ncclProfile": "infiniband", "env": [{"name": "NCCL_IB_TIMEOUT", "value": "30"}, {"name": "EXTRA", "value": "1"}]},
+        "model": {"name": "meta-llama/Meta-Llama-3-8B", "hfTokenSecretRef": {"name": "hf", "key": "token"}},
+    }
+    base.update(spec)
+    return minimal_job("llama", namespace="team-a", **base)
+
+
+def rayjob(doc: dict[str, Any]) -> dict[str, Any]:
+    return _by_kind(render(_job(doc)))["RayJob"]
+
+
+def pods(rj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    cluster = rj["spec"]["rayClusterSpec"]
+    return cluster["headGroupSpec"]["template"]["spec"], cluster["workerGroupSpecs"][0]["template"]["spec"]
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e for e in pod["containers"][0]["env"]}
+
+
+def test_children_with_claim_and_with_created_pvc() -> None:
+    kinds = [o["kind"] for o in render(_job(minimal_job()))]
+    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "RayJob"]
+    created = with_path(minimal_job(), "spec.storage", {"create": {"size": "100Gi", "storageClassName": "rwx"}})
+    objs = _by_kind(render(_job(created)))
+    pvc = objs["PersistentVolumeClaim"]
+    assert pvc["spec"] == {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "100Gi"}}, "storageClassName": "rwx"}
+    volumes = {v["name"]: v for v in pods(objs["RayJob"])[1]["volumes"]}
+    assert volumes["shared-storage"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+
+
+def test_configmap_holds_a_parseable_trainer_config_with_deterministic_run() -> None:
+    objs = _by_kind(render(_job(_gpu_job())))
+    raw = objs["ConfigMap"]["data"][CONFIG_FILENAME]
+    config = TrainerConfig.model_validate(json.loads(raw), by_alias=True, by_name=False)
+    assert config.run_name == "llama"
+    assert config.storage_path == "/mnt/llmtrain/runs/team-a"
+    assert str(config.run_dir) == "/mnt/llmtrain/runs/team-a/llama"
+    assert config.scaling.num_workers == 32 and config.scaling.use_gpu
+    assert config.scaling.cpus_per_worker == 12.0
+    assert config.progress.report_to_kubernetes
+    # The same job renders the same run, so every retry resumes from the same checkpoints.
+    assert render(_job(_gpu_job())) == render(_job(_gpu_job()))
+
+
+def test_trainer_identity_may_only_patch_its_own_status() -> None:
+    objs = _by_kind(render(_job(_gpu_job())))
+    role = objs["Role"]
+    assert role["rules"] == [
+        {"apiGroups": ["llmtrain.dev"], "resources": ["llmtrainingjobs/status"], "resourceNames": ["llama"], "verbs": ["get", "patch"]}
+    ]
+    binding = objs["RoleBinding"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": objs["ServiceAccount"]["metadata"]["name"], "namespace": "team-a"}]
+    head, worker = pods(objs["RayJob"])
+    assert head["serviceAccountName"] == worker["serviceAccountName"] == objs["ServiceAccount"]["metadata"]["name"]
+
+
+def test_head_group_has_no_gpu_head_resources_and_dashboard() -> None:
+    rj = rayjob(_gpu_job())
+    head_group = rj["spec"]["rayClusterSpec"]["headGroupSpec"]
+    assert head_group["rayStartParams"]["dashboard-host"] == "0.0.0.0"
+    assert head_group["rayStartParams"]["num-cpus"] == "0"
+    head = head_group["template"]["spec"]["containers"][0]
+    assert head["resources"]["limits"] == {"cpu": "3", "memory": "12Gi"} == head["resources"]["requests"]
+    assert 8265 in [p["containerPort"] for p in head["ports"]]
+
+
+def test_worker_group_gpus_placement_and_replicas() -> None:
+    rj = rayjob(_gpu_job())
+    group = rj["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 4
+    pod = group["template"]["spec"]
+    res = pod["containers"][0]["resources"]
+    assert res["limits"] == res["requests"] == {"cpu": "96", "memory": "1000Gi", "nvidia.com/gpu": "8"}
+    assert pod["nodeSelector"] == {"pool": "training", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"} in pod["tolerations"]
+    assert pod["priorityClassName"] == "high"
+
+
+def test_custom_gpu_resource_and_label_key() -> None:
+    doc = _gpu_job()
+    doc["spec"]["resources"].update(gpuResourceName="amd.com/gpu", acceleratorLabelKey="amd.com/gpu.product-name")
+    pod = pods(rayjob(doc))[1]
+    assert pod["containers"][0]["resources"]["limits"]["amd.com/gpu"] == "8"
+    assert "amd.com/gpu.product-name" in pod["nodeSelector"]
+    assert {"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+
+
+def test_cpu_job_has_no_gpu_limits_tolerations_or_nccl() -> None:
+    doc = load_example("tiny-cpu.yaml")
+    head, worker = pods(rayjob(doc))
+    assert "nvidia.com/gpu" not in worker["containers"][0]["resources"]["limits"]
+    assert "tolerations" not in worker
+    for pod in (head, worker):
+        assert not [n for n in env_of(pod) if n.startswith(("NCCL_", "TORCH_NCCL"))]
+        assert env_of(pod)["DS_ACCELERATOR"]["value"] == "cpu"
+
+
+def test_shared_memory_storage_and_config_mounted_on_every_pod() -> None:
+    for pod in pods(rayjob(_gpu_job())):
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Gi"}
+        mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
+        assert mounts["/dev/shm"] == "dshm"
+        assert mounts["/mnt/llmtrain"] == "shared-storage"
+        assert mounts["/etc/llmtrain"] == "trainer-config"
+
+
+def test_restricted_security_context_on_every_pod_and_container() -> None:
+    rj = rayjob(_gpu_job())
+    all_pods = [*pods(rj), rj["spec"]["submitterPodTemplate"]["spec"]]
+    for pod in all_pods:
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for c in pod["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False
+            assert sc["capabilities"] == {"drop": ["ALL"]}
+            assert sc["runAsNonRoot"] is True
+
+
+def test_hf_token_only_by_secret_reference() -> None:
+    rj = rayjob(_gpu_job())
+    for pod in pods(rj):
+        token = env_of(pod)["HF_TOKEN"]
+        assert token == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+    assert "value" not in env_of(pods(rj)[0])["HF_TOKEN"]
+
+
+def test_nccl_profile_env_with_overrides_winning() -> None:
+    for pod in pods(rayjob(_gpu_job())):
+        env = {k: v.get("value") for k, v in env_of(pod).items()}
+        for key, value in PROFILES["infiniband"].items():
+            if key != "NCCL_IB_TIMEOUT":
+                assert env[key] == value
+        assert env["NCCL_IB_TIMEOUT"] == "30"  # user override beats the profile's 22
+        assert env["EXTRA"] == "1"
+        assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+        assert env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] == "1800"
+        assert env["NCCL_DEBUG"] == "WARN"
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_every_profile_renders(profile: str) -> None:
+    doc = _gpu_job(network={"ncclProfile": profile})
+    env = env_of(pods(rayjob(doc))[1])
+    assert set(PROFILES[profile]) <= set(env)
+
+
+def test_rayjob_policy_fields() -> None:
+    doc = _gpu_job(runPolicy={"maxRetries": 4, "activeDeadlineSeconds": 3600, "ttlSecondsAfterFinished": 60, "suspend": True, "queueName": "gpu-q"})
+    rj = rayjob(doc)
+    spec = rj["spec"]
+    assert spec["entrypoint"] == "python -m llmtrain_trainer.main --config /etc/llmtrain/trainer-config.json"
+    assert spec["shutdownAfterJobFinishes"] is True
+    assert spec["ttlSecondsAfterFinished"] == 60
+    assert spec["activeDeadlineSeconds"] == 3600
+    assert spec["backoffLimit"] == 4
+    assert spec["suspend"] is True
+    assert spec["submitterConfig"] == {"backoffLimit": 0}
+    assert rj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-q"
+    plain = rayjob(_gpu_job())
+    assert "activeDeadlineSeconds" not in plain["spec"]
+    assert "kueue.x-k8s.io/queue-name" not in plain["metadata"]["labels"]
+
+
+def test_labels_names_and_owner_references() -> None:
+    doc = _gpu_job()
+    doc["metadata"]["uid"] = "1234-uid"
+    for obj in render(_job(doc)):
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "llmtrain"
+        assert labels["app.kubernetes.io/instance"] == "llama"
+        assert labels["app.kubernetes.io/managed-by"] == "llmtrain-operator"
+        assert labels["app.kubernetes.io/component"]
+        assert labels["llmtrain.dev/job"] == "llama"
+        name = obj["metadata"]["name"]
+        assert len(name) <= MAX_CHILD_NAME and DNS1035.match(name), name
+        assert obj["metadata"]["namespace"] == "team-a"
+        (owner,) = obj["metadata"]["ownerReferences"]
+        assert owner == {
+            "apiVersion": "llmtrain.dev/v1alpha1", "kind": "LLMTrainingJob", "name": "llama",
+            "uid": "1234-uid", "controller": True, "blockOwnerDeletion": True,
+        }
+
+
+def test_long_names_stay_within_47_and_distinct() -> None:
+    name = "a" * 47
+    names = {child_name(name, s) for s in ("", "config", "storage", "trainer")}
+    assert len(names) == 4
+    assert all(len(n) <= 47 and DNS1035.match(n) for n in names)
+    assert child_name(name, "config") == child_name(name, "config")
+
+
+def test_render_is_pure() -> None:
+    doc = _gpu_job()
+    before = copy.deepcopy(doc)
+    job = _job(doc)
+    snapshot = job.model_dump()
+    first = render(job, ImageSettings(trainer_image="registry.example/trainer:1"))
+    assert render(job, ImageSettings(trainer_image="registry.example/trainer:1")) == first
+    assert job.model_dump() == snapshot and doc == before
+    assert pods(first[-1])[0]["containers"][0]["image"] == "registry.example/trainer:1"
+
+
+def test_image_override_in_spec_wins() -> None:
+    doc = _gpu_job()
+    doc["spec"]["resources"]["image"] = "mine/trainer:dev"
+    for pod in pods(rayjob(doc)):
+        assert pod["containers"][0]["image"] == "mine/trainer:dev"
