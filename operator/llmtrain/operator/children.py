@@ -1,0 +1,116 @@
+"""Create-or-adopt the rendered children, idempotently.
+
+Kopf re-runs an interrupted handler after a restart, so every step must tolerate objects that
+already exist: a child under its deterministic name is adopted (owner reference added) and its
+operator-managed fields are patched back to the rendered state, never duplicated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmtrain.operator.kube import ApiError, Kube, resource_of
+
+# Fields the operator keeps in sync on an existing child. Everything else is create-only:
+# KubeRay ignores later rayClusterSpec edits, and PVC specs are immutable.
+_SYNCED_FIELDS: dict[str, tuple[str, ...]] = {
+    "ConfigMap": ("data",),
+    "Role": ("rules",),
+    "RoleBinding": ("subjects",),
+    "ServiceAccount": (),
+    "PersistentVolumeClaim": (),
+}
+# The RayJob spec fields that may change after creation (see the CRD's immutability rules).
+RAYJOB_MUTABLE = ("suspend", "ttlSecondsAfterFinished", "activeDeadlineSeconds")
+
+
+class OwnershipConflict(Exception):
+    """A child's name is taken by an object another controller owns; never steal it."""
+
+
+@dataclass
+class EnsureResult:
+    created: list[str] = field(default_factory=list)
+    adopted: list[str] = field(default_factory=list)
+    patched: list[str] = field(default_factory=list)
+    rayjob: dict[str, Any] = field(default_factory=dict)
+
+
+def _key(obj: dict[str, Any]) -> str:
+    return f"{obj['kind']}/{obj['metadata']['name']}"
+
+
+def _controller_uid(obj: dict[str, Any]) -> str | None:
+    for ref in obj.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            uid: str | None = ref.get("uid")
+            return uid
+    return None
+
+
+def drift_patch(desired: dict[str, Any], existing: dict[str, Any]) -> dict[str, Any]:
+    """The merge patch that brings an existing child back to the operator-managed state."""
+    patch: dict[str, Any] = {}
+    meta: dict[str, Any] = {}
+    want_labels = desired["metadata"].get("labels", {})
+    have_labels = existing["metadata"].get("labels") or {}
+    missing = {k: v for k, v in want_labels.items() if have_labels.get(k) != v}
+    if missing:
+        meta["labels"] = missing
+    want_owner = desired["metadata"].get("ownerReferences") or []
+    if want_owner and _controller_uid(existing) is None:
+        meta["ownerReferences"] = (existing["metadata"].get("ownerReferences") or []) + want_owner
+    if meta:
+        patch["metadata"] = meta
+    kind = desired["kind"]
+    if kind == "RayJob":
+        spec_patch = {}
+        for name in RAYJOB_MUTABLE:
+            want, have = desired["spec"].get(name), existing.get("spec", {}).get(name)
+            if want != have:
+                spec_patch[name] = want  # None removes it (merge patch)
+        if spec_patch:
+            patch["spec"] = spec_patch
+    else:
+        for name in _SYNCED_FIELDS.get(kind, ()):
+            if desired.get(name) != existing.get(name):
+                patch[name] = desired.get(name)
+    return patch
+
+
+def ensure(kube: Kube, desired: dict[str, Any], result: EnsureResult) -> dict[str, Any]:
+    """Create the child, or adopt and re-sync the one already there."""
+    try:
+        created = kube.create(desired)
+        result.created.append(_key(desired))
+        return created
+    except ApiError as err:
+        if err.status != 409:
+            raise
+    meta = desired["metadata"]
+    existing = kube.get(resource_of(desired), meta["namespace"], meta["name"])
+    owner = (meta.get("ownerReferences") or [{}])[0].get("uid")
+    holder = _controller_uid(existing)
+    if holder is not None and owner is not None and holder != owner:
+        raise OwnershipConflict(
+            f"{_key(desired)} already exists and is controlled by another object (uid {holder}); "
+            "rename the LLMTrainingJob or delete that object"
+        )
+    patch = drift_patch(desired, existing)
+    if not patch:
+        return existing
+    if holder is None:
+        result.adopted.append(_key(desired))
+    else:
+        result.patched.append(_key(desired))
+    return kube.merge_patch(resource_of(desired), meta["namespace"], meta["name"], patch)
+
+
+def ensure_all(kube: Kube, objects: list[dict[str, Any]]) -> EnsureResult:
+    result = EnsureResult()
+    for obj in objects:
+        stored = ensure(kube, obj, result)
+        if obj["kind"] == "RayJob":
+            result.rayjob = stored
+    return result

@@ -1,0 +1,221 @@
+"""Kopf handlers: thin edges that read, call the pure core (parse, render, status mapping), write.
+
+- create / resume / update of an LLMTrainingJob → render and create-or-adopt its children;
+- any event of a RayJob labelled with `llmtrain.dev/job` → mirror its status into the owner.
+Deletion relies on ownerReference garbage collection: no finalizer, nothing to block.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import time
+from typing import Any
+
+import kopf
+
+from llmtrain.api.spec import API_GROUP, API_VERSION, PLURAL
+from llmtrain.api.validation import InvalidJob, parse_job
+from llmtrain.operator import settings as operator_settings
+from llmtrain.operator import status as status_map
+from llmtrain.operator.children import OwnershipConflict, ensure_all
+from llmtrain.operator.kube import RESOURCES, ApiError, Kube
+from llmtrain.operator.metrics import ERRORS, PHASE_BOOK, RECONCILE_SECONDS
+from llmtrain.render import ImageSettings, render
+from llmtrain.render.labels import JOB_LABEL
+
+JOB_RESOURCE = RESOURCES[(f"{API_GROUP}/{API_VERSION}", "LLMTrainingJob")]
+TRAINER_IMAGE_ENV = "LLMTRAIN_TRAINER_IMAGE"
+_STATUS_ATTEMPTS = 4
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _key(namespace: str, name: str) -> str:
+    return f"{namespace}/{name}"
+
+
+def _event(body: Any, kind: str, reason: str, message: str) -> None:
+    """A Kubernetes Event on the job; posting failures are Kopf's to retry, never ours to raise."""
+    kopf.event(body, type=kind, reason=reason, message=message[:1024])
+
+
+@kopf.on.startup()
+def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    operator_settings.configure(settings)
+    memo.kube = Kube.from_environment()
+    image = os.environ.get(TRAINER_IMAGE_ENV)
+    memo.images = ImageSettings(trainer_image=image) if image else ImageSettings()
+
+
+def _document(body: kopf.Body) -> dict[str, Any]:
+    """The job as a plain dict, without status (parse only what the user wrote)."""
+    meta = body.get("metadata", {})
+    return {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+            "generation": meta.get("generation"),
+            "labels": dict(meta.get("labels") or {}),
+            "annotations": dict(meta.get("annotations") or {}),
+        },
+        "spec": dict(body.get("spec") or {}),
+    }
+
+
+def _patch_status(kube: Kube, namespace: str, name: str, status: dict[str, Any]) -> None:
+    kube.merge_patch(JOB_RESOURCE, namespace, name, {"status": status}, subresource="status")
+
+
+def _fail_permanently(
+    kube: Kube, body: kopf.Body, reason: str, message: str, generation: int | None, existing: list[dict[str, Any]]
+) -> None:
+    meta = body["metadata"]
+    conditions = status_map.invalid_spec_conditions(message, generation, existing, _now())
+    if reason != "InvalidSpec":
+        conditions = [
+            {**c, "reason": reason} if c["type"] == "Failed" else c for c in conditions if c["type"] != "InvalidSpec"
+        ]
+    _patch_status(
+        kube,
+        meta["namespace"],
+        meta["name"],
+        {"phase": "Failed", "message": message, "observedGeneration": generation, "conditions": conditions},
+    )
+    PHASE_BOOK.set(_key(meta["namespace"], meta["name"]), "Failed")
+    ERRORS.labels(reason=reason).inc()
+    _event(body, "Warning", reason, message)
+
+
+@kopf.on.resume(API_GROUP, API_VERSION, PLURAL)
+@kopf.on.create(API_GROUP, API_VERSION, PLURAL)
+@kopf.on.update(API_GROUP, API_VERSION, PLURAL)
+def reconcile(body: kopf.Body, status: kopf.Status, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    started = time.perf_counter()
+    kube: Kube = memo.kube
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    generation = meta.get("generation")
+    existing = list(status.get("conditions") or [])
+    try:
+        job = parse_job(_document(body))
+    except InvalidJob as exc:
+        message = "invalid spec: " + "; ".join(str(p) for p in exc.problems)
+        logger.warning(message)
+        _fail_permanently(kube, body, "InvalidSpec", message, generation, existing)
+        return
+    try:
+        result = ensure_all(kube, render(job, memo.images))
+    except OwnershipConflict as exc:
+        _fail_permanently(kube, body, "ChildConflict", str(exc), generation, existing)
+        return
+    except ApiError as err:
+        ERRORS.labels(reason=f"Http{err.status}").inc()
+        if err.transient:
+            logger.info(f"transient API error, retrying: {err}")
+            raise kopf.TemporaryError(str(err), delay=err.retry_after or 2) from err
+        message = f"cannot create the job's objects: {err}"
+        _fail_permanently(kube, body, "CreateFailed", message, generation, existing)
+        return
+    finally:
+        RECONCILE_SECONDS.observe(time.perf_counter() - started)
+    for key in result.created:
+        logger.info(f"created {key}")
+    for key in result.adopted:
+        logger.info(f"adopted {key}")
+    update: dict[str, Any] = {
+        "observedGeneration": generation,
+        "rayJobName": result.rayjob["metadata"]["name"],
+    }
+    conditions = status_map.clear_invalid_spec(existing, generation, _now())
+    if not status.get("phase") or status.get("phase") == "Failed" and _was_invalid(existing):
+        observed = status_map.observe(result.rayjob.get("status"))
+        update.update(phase=observed.phase, message=observed.message)
+        conditions = status_map.conditions_for(
+            observed.phase, observed.reason, observed.message, generation, conditions, _now()
+        )
+        PHASE_BOOK.set(_key(namespace, name), observed.phase)
+        _event(body, "Normal", "Created", f"created RayJob {update['rayJobName']} and its objects")
+    if conditions != existing:
+        update["conditions"] = conditions
+    _patch_status(kube, namespace, name, update)
+
+
+def _was_invalid(conditions: list[dict[str, Any]]) -> bool:
+    return any(c.get("type") == "InvalidSpec" and c.get("status") == "True" for c in conditions)
+
+
+@kopf.on.delete(API_GROUP, API_VERSION, PLURAL, optional=True)
+def forget(meta: kopf.Meta, **_: Any) -> None:
+    """Only bookkeeping; optional=True adds no finalizer, children go by garbage collection."""
+    PHASE_BOOK.forget(_key(str(meta["namespace"]), str(meta["name"])))
+
+
+def _owner_ref(rayjob: kopf.Body) -> dict[str, Any] | None:
+    for ref in rayjob.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == "LLMTrainingJob" and ref.get("apiVersion", "").startswith(API_GROUP):
+            return dict(ref)
+    return None
+
+
+@kopf.on.event("ray.io", "v1", "rayjobs", labels={JOB_LABEL: kopf.PRESENT})
+def mirror_rayjob_status(
+    event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any
+) -> None:
+    """Event handlers are not retried by Kopf, so transient errors are retried here."""
+    if event.get("type") == "DELETED":
+        return
+    owner = _owner_ref(body)
+    if owner is None:
+        return
+    namespace = body["metadata"]["namespace"]
+    for attempt in range(_STATUS_ATTEMPTS):
+        try:
+            _mirror_once(memo.kube, body, owner, namespace)
+            return
+        except ApiError as err:
+            ERRORS.labels(reason=f"StatusHttp{err.status}").inc()
+            if not err.transient or attempt == _STATUS_ATTEMPTS - 1:
+                logger.error(f"cannot mirror RayJob status to {owner['name']}: {err}")
+                return
+            time.sleep(err.retry_after or 0.5 * 2**attempt)
+
+
+def _mirror_once(kube: Kube, rayjob: kopf.Body, owner: dict[str, Any], namespace: str) -> None:
+    try:
+        job = kube.get(JOB_RESOURCE, namespace, owner["name"])
+    except ApiError as err:
+        if err.status == 404:
+            return  # the owner is gone; garbage collection takes the RayJob too
+        raise
+    if job["metadata"].get("uid") != owner.get("uid"):
+        return
+    current = job.get("status") or {}
+    if _was_invalid(current.get("conditions") or []):
+        return
+    observed = status_map.observe(dict(rayjob.get("status") or {}))
+    generation = job["metadata"].get("generation")
+    message = observed.message
+    update: dict[str, Any] = {
+        **status_map.mirrored_fields(dict(rayjob)),
+        "phase": observed.phase,
+        "observedGeneration": generation,
+    }
+    conditions = status_map.conditions_for(
+        observed.phase, observed.reason, message, generation, list(current.get("conditions") or []), _now()
+    )
+    update["message"] = message
+    update["conditions"] = conditions
+    if all(current.get(k) == v for k, v in update.items()):
+        return
+    _patch_status(kube, namespace, owner["name"], update)
+    PHASE_BOOK.set(_key(namespace, owner["name"]), observed.phase)
+    if current.get("phase") != observed.phase:
+        kind = "Warning" if observed.phase == "Failed" else "Normal"
+        _event(job, kind, observed.reason, f"phase {current.get('phase') or 'None'} → {observed.phase}: {message}")

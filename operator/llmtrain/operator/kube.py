@@ -1,0 +1,128 @@
+"""A small synchronous Kubernetes REST adapter over the official client's transport.
+
+Handlers deal in plain dicts (what `render()` returns), so this speaks JSON to the API by path
+instead of going through the generated models. Kopf runs sync handlers in its thread pool.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client as k8s_client
+
+from llmtrain.api.spec import API_GROUP, API_VERSION, PLURAL
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+
+@dataclass(frozen=True)
+class Resource:
+    group: str
+    version: str
+    plural: str
+
+    def path(self, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
+        base = f"/api/{self.version}" if not self.group else f"/apis/{self.group}/{self.version}"
+        path = f"{base}/namespaces/{namespace}/{self.plural}"
+        if name:
+            path += f"/{name}"
+        if subresource:
+            path += f"/{subresource}"
+        return path
+
+
+RESOURCES: dict[tuple[str, str], Resource] = {
+    ("v1", "ConfigMap"): Resource("", "v1", "configmaps"),
+    ("v1", "PersistentVolumeClaim"): Resource("", "v1", "persistentvolumeclaims"),
+    ("v1", "ServiceAccount"): Resource("", "v1", "serviceaccounts"),
+    ("v1", "Event"): Resource("", "v1", "events"),
+    ("rbac.authorization.k8s.io/v1", "Role"): Resource("rbac.authorization.k8s.io", "v1", "roles"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): Resource("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    ("ray.io/v1", "RayJob"): Resource("ray.io", "v1", "rayjobs"),
+    (f"{API_GROUP}/{API_VERSION}", "LLMTrainingJob"): Resource(API_GROUP, API_VERSION, PLURAL),
+}
+
+
+def resource_of(obj: dict[str, Any]) -> Resource:
+    return RESOURCES[(obj["apiVersion"], obj["kind"])]
+
+
+class ApiError(Exception):
+    """A non-2xx answer; `retry_after` is the server's Retry-After (seconds) when it sent one."""
+
+    def __init__(self, status: int, reason: str, message: str, retry_after: float | None = None) -> None:
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.retry_after = retry_after
+        super().__init__(f"HTTP {status} {reason}: {message}")
+
+    @property
+    def transient(self) -> bool:
+        """Worth retrying: conflicts, throttling, server errors and timeouts."""
+        return self.status in (409, 429) or self.status >= 500 or self.status == 0
+
+
+class Kube:
+    def __init__(self, api: k8s_client.ApiClient | None = None) -> None:
+        self.api = api or k8s_client.ApiClient()
+
+    @classmethod
+    def from_environment(cls) -> Kube:
+        """In a pod: the ServiceAccount; elsewhere: $KUBECONFIG or ~/.kube/config."""
+        from kubernetes import config
+
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        return cls(k8s_client.ApiClient())
+
+    def request(
+        self, method: str, path: str, body: Any = None, content_type: str | None = None
+    ) -> dict[str, Any]:
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type or "application/json"
+        m, url, hdrs, payload, _ = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        try:
+            resp = self.api.call_api(m, url, header_params=hdrs, body=payload, _request_timeout=30)
+        except OSError as exc:  # connection refused/reset: the API server is unreachable
+            raise ApiError(0, "ConnectionError", str(exc)) from exc
+        raw = resp.read()
+        data: dict[str, Any] = json.loads(raw) if raw else {}
+        if resp.status >= 300:
+            retry_after = resp.getheader("Retry-After")
+            raise ApiError(
+                resp.status,
+                str(data.get("reason") or resp.reason),
+                str(data.get("message") or raw[:500]),
+                float(retry_after) if retry_after else None,
+            )
+        return data
+
+    def get(self, res: Resource, namespace: str, name: str) -> dict[str, Any]:
+        return self.request("GET", res.path(namespace, name))
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        res = resource_of(obj)
+        return self.request("POST", res.path(obj["metadata"]["namespace"]), obj)
+
+    def merge_patch(
+        self, res: Resource, namespace: str, name: str, patch: dict[str, Any], subresource: str | None = None
+    ) -> dict[str, Any]:
+        return self.request("PATCH", res.path(namespace, name, subresource), patch, MERGE_PATCH)
+
+    def json_patch(
+        self, res: Resource, namespace: str, name: str, ops: list[dict[str, Any]], subresource: str | None = None
+    ) -> dict[str, Any]:
+        return self.request("PATCH", res.path(namespace, name, subresource), ops, JSON_PATCH)

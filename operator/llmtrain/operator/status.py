@@ -1,0 +1,161 @@
+"""Pure mapping from a RayJob's status to the LLMTrainingJob status the operator owns.
+
+The phase comes from `jobDeploymentStatus` + `reason`, never from `jobStatus` alone: KubeRay can
+report `jobStatus: RUNNING` beside `jobDeploymentStatus: Failed` (kuberay#2314). `status.progress`
+belongs to the trainer and is never produced here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from llmtrain.api.status import Phase
+
+CONDITION_TYPES = ("Created", "Running", "Succeeded", "Failed", "Suspended")
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What one RayJob status means for its LLMTrainingJob."""
+
+    phase: Phase
+    reason: str
+    message: str
+
+
+# jobDeploymentStatus -> (phase, reason when the RayJob gives none)
+_DEPLOYMENT: dict[str, tuple[Phase, str]] = {
+    "": ("Pending", "RayJobCreated"),
+    "New": ("Pending", "RayJobCreated"),
+    "Initializing": ("Initializing", "RayClusterStarting"),
+    "Waiting": ("Initializing", "WaitingForSubmission"),
+    "Running": ("Running", "Training"),
+    "Retrying": ("Initializing", "Retrying"),
+    "Suspending": ("Suspended", "Suspending"),
+    "Suspended": ("Suspended", "Suspended"),
+    "Complete": ("Succeeded", "Completed"),
+    "Failed": ("Failed", "Failed"),
+    "ValidationFailed": ("Failed", "ValidationFailed"),
+}
+
+_MESSAGES: dict[str, str] = {
+    "RayJobCreated": "RayJob created; waiting for KubeRay",
+    "RayClusterStarting": "Ray cluster is starting",
+    "WaitingForSubmission": "waiting for the job submission",
+    "Training": "training",
+    "Retrying": "retrying on a new Ray cluster; training resumes from the latest checkpoint",
+    "Suspending": "suspending: the Ray cluster is being deleted, checkpoints are kept",
+    "Suspended": "suspended; set spec.runPolicy.suspend to false to resume from the latest checkpoint",
+    "Completed": "training finished",
+    "Stopped": "the Ray job was stopped before it finished",
+    "AppFailed": "the training application failed",
+    "DeadlineExceeded": "spec.runPolicy.activeDeadlineSeconds exceeded",
+    "PreRunningDeadlineExceeded": "the Ray cluster did not start in time",
+    "SubmissionFailed": "the job could not be submitted to the Ray cluster",
+    "ValidationFailed": "KubeRay rejected the rendered RayJob",
+}
+
+
+def observe(rayjob_status: dict[str, Any] | None) -> Observed:
+    status = rayjob_status or {}
+    deployment = str(status.get("jobDeploymentStatus") or "")
+    phase, reason = _DEPLOYMENT.get(deployment, ("Pending", "Unknown" + deployment))
+    if deployment in ("Failed", "ValidationFailed") and status.get("reason"):
+        reason = str(status["reason"])
+    if deployment == "Complete" and status.get("jobStatus") == "STOPPED":
+        # A stopped job also ends as Complete in KubeRay; it did not succeed.
+        phase, reason = "Failed", "Stopped"
+    detail = str(status.get("message") or "")
+    base = _MESSAGES.get(reason, reason)
+    message = f"{base}: {detail}" if detail and phase == "Failed" else base
+    return Observed(phase=phase, reason=reason, message=message)
+
+
+def conditions_for(
+    phase: Phase,
+    reason: str,
+    message: str,
+    generation: int | None,
+    existing: list[dict[str, Any]],
+    now: str,
+) -> list[dict[str, Any]]:
+    """The full condition set for a phase; lastTransitionTime moves only when a status flips."""
+    wanted = {
+        "Created": True,
+        "Running": phase == "Running",
+        "Succeeded": phase == "Succeeded",
+        "Failed": phase == "Failed",
+        "Suspended": phase == "Suspended",
+    }
+    previous = {c.get("type"): c for c in existing}
+    out = []
+    for ctype in CONDITION_TYPES:
+        status = "True" if wanted[ctype] else "False"
+        old = previous.get(ctype)
+        changed = old is None or old.get("status") != status
+        cond: dict[str, Any] = {
+            "type": ctype,
+            "status": status,
+            "reason": "RayJobCreated" if ctype == "Created" else (reason if status == "True" else f"Not{ctype}"),
+            "message": message if status == "True" and ctype != "Created" else "",
+            "lastTransitionTime": now if changed or old is None else old.get("lastTransitionTime", now),
+        }
+        if generation is not None:
+            cond["observedGeneration"] = generation
+        out.append(cond)
+    # Keep conditions other writers own (e.g. InvalidSpec resolved later), updated by their writer.
+    out.extend(c for c in existing if c.get("type") not in CONDITION_TYPES)
+    return out
+
+
+def invalid_spec_conditions(
+    message: str, generation: int | None, existing: list[dict[str, Any]], now: str
+) -> list[dict[str, Any]]:
+    """The job cannot be rendered: InvalidSpec and Failed are True, nothing else claimed."""
+    others = [c for c in existing if c.get("type") not in ("InvalidSpec", "Failed")]
+    previous = {c.get("type"): c for c in existing}
+    out = others
+    for ctype in ("InvalidSpec", "Failed"):
+        old = previous.get(ctype)
+        cond: dict[str, Any] = {
+            "type": ctype,
+            "status": "True",
+            "reason": "InvalidSpec",
+            "message": message,
+            "lastTransitionTime": old["lastTransitionTime"]
+            if old and old.get("status") == "True" and old.get("lastTransitionTime")
+            else now,
+        }
+        if generation is not None:
+            cond["observedGeneration"] = generation
+        out.append(cond)
+    return out
+
+
+def clear_invalid_spec(existing: list[dict[str, Any]], generation: int | None, now: str) -> list[dict[str, Any]]:
+    """Once a spec parses again, InvalidSpec turns False (it is not just dropped, so users see why)."""
+    out = []
+    for cond in existing:
+        if cond.get("type") == "InvalidSpec" and cond.get("status") == "True":
+            cond = {**cond, "status": "False", "reason": "SpecValid", "message": "", "lastTransitionTime": now}
+            if generation is not None:
+                cond["observedGeneration"] = generation
+        out.append(cond)
+    return out
+
+
+def mirrored_fields(rayjob: dict[str, Any]) -> dict[str, Any]:
+    """The RayJob facts copied verbatim into the LLMTrainingJob status."""
+    status = rayjob.get("status") or {}
+    out: dict[str, Any] = {"rayJobName": rayjob["metadata"]["name"]}
+    for src, dst in (
+        ("rayClusterName", "rayClusterName"),
+        ("dashboardURL", "dashboardURL"),
+        ("startTime", "startTime"),
+        ("endTime", "completionTime"),
+    ):
+        if status.get(src):
+            out[dst] = status[src]
+    out["retries"] = int(status.get("failed") or 0)
+    return out

@@ -1,0 +1,105 @@
+"""The pure RayJob → LLMTrainingJob status mapping and the child drift patch."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmtrain.operator.children import drift_patch
+from llmtrain.operator.status import (
+    CONDITION_TYPES,
+    clear_invalid_spec,
+    conditions_for,
+    invalid_spec_conditions,
+    mirrored_fields,
+    observe,
+)
+
+
+@pytest.mark.parametrize(
+    ("status", "phase", "reason"),
+    [
+        (None, "Pending", "RayJobCreated"),
+        ({"jobDeploymentStatus": "Initializing"}, "Initializing", "RayClusterStarting"),
+        ({"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}, "Running", "Training"),
+        ({"jobDeploymentStatus": "Retrying", "failed": 1}, "Initializing", "Retrying"),
+        ({"jobDeploymentStatus": "Suspending"}, "Suspended", "Suspending"),
+        ({"jobDeploymentStatus": "Suspended"}, "Suspended", "Suspended"),
+        ({"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}, "Succeeded", "Completed"),
+        ({"jobDeploymentStatus": "Complete", "jobStatus": "STOPPED"}, "Failed", "Stopped"),
+        ({"jobDeploymentStatus": "Failed", "reason": "AppFailed", "jobStatus": "FAILED"}, "Failed", "AppFailed"),
+        ({"jobDeploymentStatus": "Failed", "reason": "DeadlineExceeded"}, "Failed", "DeadlineExceeded"),
+        ({"jobDeploymentStatus": "ValidationFailed", "reason": "ValidationFailed"}, "Failed", "ValidationFailed"),
+        # kuberay#2314: jobStatus RUNNING beside a failed deployment: the deployment wins.
+        ({"jobDeploymentStatus": "Failed", "reason": "DeadlineExceeded", "jobStatus": "RUNNING"}, "Failed", "DeadlineExceeded"),
+    ],
+)
+def test_phase_from_deployment_status_and_reason(status: dict | None, phase: str, reason: str) -> None:
+    observed = observe(status)
+    assert (observed.phase, observed.reason) == (phase, reason)
+    assert observed.message
+
+
+def test_failure_message_carries_kuberay_detail() -> None:
+    observed = observe({"jobDeploymentStatus": "Failed", "reason": "AppFailed", "message": "exit code 1"})
+    assert observed.message == "the training application failed: exit code 1"
+
+
+def test_conditions_transition_times_move_only_on_flips() -> None:
+    first = conditions_for("Initializing", "RayClusterStarting", "m", 1, [], "t1")
+    assert [c["type"] for c in first] == list(CONDITION_TYPES)
+    assert all(c["lastTransitionTime"] == "t1" and c["observedGeneration"] == 1 for c in first)
+    second = conditions_for("Running", "Training", "training", 2, first, "t2")
+    by_type = {c["type"]: c for c in second}
+    assert by_type["Running"]["status"] == "True" and by_type["Running"]["lastTransitionTime"] == "t2"
+    assert by_type["Running"]["reason"] == "Training"
+    assert by_type["Created"]["lastTransitionTime"] == "t1"
+    assert by_type["Succeeded"]["lastTransitionTime"] == "t1" and by_type["Succeeded"]["status"] == "False"
+    assert all(c["observedGeneration"] == 2 for c in second)
+    third = conditions_for("Running", "Training", "training", 2, second, "t3")
+    assert third == second
+
+
+def test_invalid_spec_then_fixed() -> None:
+    bad = invalid_spec_conditions("invalid spec: x", 1, [], "t1")
+    assert {c["type"]: c["status"] for c in bad} == {"InvalidSpec": "True", "Failed": "True"}
+    again = invalid_spec_conditions("invalid spec: x", 2, bad, "t2")
+    assert all(c["lastTransitionTime"] == "t1" for c in again)
+    fixed = clear_invalid_spec(again, 3, "t3")
+    inv = next(c for c in fixed if c["type"] == "InvalidSpec")
+    assert inv["status"] == "False" and inv["lastTransitionTime"] == "t3" and inv["observedGeneration"] == 3
+
+
+def test_mirrored_fields() -> None:
+    rayjob = {
+        "metadata": {"name": "j"},
+        "status": {"rayClusterName": "j-abcde", "dashboardURL": "j-head-svc:8265", "startTime": "s",
+                   "endTime": "e", "failed": 2, "jobStatus": "RUNNING"},
+    }
+    assert mirrored_fields(rayjob) == {
+        "rayJobName": "j", "rayClusterName": "j-abcde", "dashboardURL": "j-head-svc:8265",
+        "startTime": "s", "completionTime": "e", "retries": 2,
+    }
+
+
+def _cm(data: dict, labels: dict | None = None, owners: list | None = None) -> dict:
+    meta: dict = {"name": "c", "namespace": "n", "labels": labels or {"a": "1"}}
+    if owners is not None:
+        meta["ownerReferences"] = owners
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
+
+
+def test_drift_patch_adopts_and_resyncs_only_managed_fields() -> None:
+    owner = [{"uid": "u1", "controller": True, "kind": "LLMTrainingJob", "name": "j", "apiVersion": "llmtrain.dev/v1alpha1"}]
+    desired = _cm({"k": "new"}, owners=owner)
+    assert drift_patch(desired, _cm({"k": "new"}, owners=owner)) == {}
+    orphan = _cm({"k": "old"}, labels={"a": "1", "extra": "kept"}, owners=[])
+    patch = drift_patch(desired, orphan)
+    assert patch == {"metadata": {"ownerReferences": owner}, "data": {"k": "new"}}
+
+
+def test_drift_patch_rayjob_touches_only_mutable_fields() -> None:
+    desired = {"kind": "RayJob", "metadata": {"labels": {}}, "spec": {"suspend": True, "ttlSecondsAfterFinished": 10,
+               "entrypoint": "new", "activeDeadlineSeconds": None}}
+    existing = {"kind": "RayJob", "metadata": {"labels": {}}, "spec": {"suspend": False, "ttlSecondsAfterFinished": 10,
+                "entrypoint": "old", "activeDeadlineSeconds": 60}}
+    assert drift_patch(desired, existing) == {"spec": {"suspend": True, "activeDeadlineSeconds": None}}
