@@ -89,7 +89,12 @@ def ensure(kube: Kube, desired: dict[str, Any], result: EnsureResult) -> dict[st
         if err.status != 409:
             raise
     meta = desired["metadata"]
-    existing = kube.get(resource_of(desired), meta["namespace"], meta["name"])
+    try:
+        existing = kube.get(resource_of(desired), meta["namespace"], meta["name"])
+    except ApiError as err:
+        if err.status == 404:  # the conflict was not an existing object (or it just went): retry
+            raise ApiError(409, "Conflict", f"{_key(desired)} conflicted on create but is not there") from err
+        raise
     owner = (meta.get("ownerReferences") or [{}])[0].get("uid")
     holder = _controller_uid(existing)
     if holder is not None and owner is not None and holder != owner:

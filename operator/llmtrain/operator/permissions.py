@@ -22,9 +22,10 @@ class Permission:
 
 
 OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
-    # Kopf watches the jobs and patches them (status-based storage keeps spec and annotations clean).
-    Permission(API_GROUP, PLURAL, ("get", "list", "watch", "patch")),
-    Permission(API_GROUP, f"{PLURAL}/status", ("get", "patch")),
+    # Kopf lists and watches the jobs; its bookkeeping goes to status (no annotations, no
+    # finalizers), so the main resource is never written.
+    Permission(API_GROUP, PLURAL, ("get", "list", "watch")),
+    Permission(API_GROUP, f"{PLURAL}/status", ("patch",)),
     # The RayJob: created, adopted, kept in sync (suspend, deadlines), watched for status.
     Permission("ray.io", "rayjobs", ("get", "list", "watch", "create", "patch")),
     # Children rendered per job.
