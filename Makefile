@@ -10,7 +10,9 @@ STAMP := $(VENV)/.installed
 # The CPU build is enough for tests and the demo; a GPU machine may set TORCH_SPEC to a CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 DEEPSPEED_SPEC ?= deepspeed==0.19.8
-PYTEST_ARGS ?=
+# The kind e2e run needs docker and a cluster; `make e2e` runs it. Its checks (shellcheck, dry run,
+# manifests) are not marked e2e and stay in `make test`.
+PYTEST_ARGS ?= -m "not e2e"
 
 .PHONY: help install test lint format generate demo render-example manifests e2e \
         bench-operator bench-trainer bench-gpu clean
@@ -41,12 +43,11 @@ format: $(STAMP) ## apply ruff's formatting and fixes
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-generate: $(STAMP) ## write the CRD (manifests/crds, chart) and the operator's RBAC rules from the Python API
+generate: $(STAMP) ## write every generated file: CRD, operator RBAC rules, manifests/ (Helm's engine)
 	$(PY) -m llmtrain.generate
 	$(PY) hack/render_manifests.py
 
-manifests: $(STAMP) ## render manifests/ from the chart with Helm's engine
-	$(PY) hack/render_manifests.py
+manifests: generate ## render manifests/ from the chart with Helm's engine (after `generate`)
 
 demo: $(STAMP) ## train examples/tiny-cpu.yaml locally on CPU (a few minutes)
 	$(BIN)/llmtrain run examples/tiny-cpu.yaml

@@ -86,7 +86,7 @@ def test_trainer_identity_may_only_patch_its_own_status() -> None:
     objs = _by_kind(render(_job(_gpu_job())))
     role = objs["Role"]
     assert role["rules"] == [
-        {"apiGroups": ["llmtrain.dev"], "resources": ["llmtrainingjobs/status"], "resourceNames": ["llama"], "verbs": ["get", "patch"]}
+        {"apiGroups": ["llmtrain.dev"], "resources": ["llmtrainingjobs/status"], "resourceNames": ["llama"], "verbs": ["patch"]}
     ]
     binding = objs["RoleBinding"]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]

@@ -36,9 +36,13 @@ def _is_transition(rule: str) -> bool:
 
 def evaluate_rule(rule: str, value: Any, old: Any = _MISSING) -> bool:
     """True when the rule holds. An evaluation error (e.g. a missing field) counts as a failure."""
-    activation = {"self": celpy.json_to_cel(value)}
+    return _evaluate_cel(rule, celpy.json_to_cel(value), old if old is _MISSING else celpy.json_to_cel(old))
+
+
+def _evaluate_cel(rule: str, value: Any, old: Any = _MISSING) -> bool:
+    activation = {"self": value}
     if old is not _MISSING:
-        activation["oldSelf"] = celpy.json_to_cel(old)
+        activation["oldSelf"] = old
     try:
         return bool(_program(rule).evaluate(activation))
     except celpy.CELEvalError:
@@ -47,38 +51,52 @@ def evaluate_rule(rule: str, value: Any, old: Any = _MISSING) -> bool:
 
 def violations(schema: dict[str, Any], obj: Any, old: Any = _MISSING, path: str = "") -> list[RuleViolation]:
     """Every violated rule under `schema` for `obj`, with the JSON path of the failing node."""
-    return list(_walk(schema, obj, old, path))
+    # Convert once; sub-values of the converted tree are reused for nested rules.
+    cel_obj = celpy.json_to_cel(obj)
+    cel_old = _MISSING if old is _MISSING else celpy.json_to_cel(old)
+    return list(_walk(schema, obj, cel_obj, old, cel_old, path))
 
 
-def _walk(schema: dict[str, Any], obj: Any, old: Any, path: str) -> Iterator[RuleViolation]:
+def _walk(
+    schema: dict[str, Any], obj: Any, cel_obj: Any, old: Any, cel_old: Any, path: str
+) -> Iterator[RuleViolation]:
     for entry in schema.get("x-kubernetes-validations", []):
         rule = entry["rule"]
         if _is_transition(rule):
             if old is _MISSING:
                 continue
-            ok = evaluate_rule(rule, obj, old)
+            ok = _evaluate_cel(rule, cel_obj, cel_old)
         else:
-            ok = evaluate_rule(rule, obj)
+            ok = _evaluate_cel(rule, cel_obj)
         if not ok:
             where = path + entry.get("fieldPath", "")
             yield RuleViolation(where or ".", entry.get("message", f"failed rule: {rule}"), rule)
     if isinstance(obj, dict):
         for key, sub in schema.get("properties", {}).items():
             if key in obj:
-                old_sub = old.get(key, _MISSING) if isinstance(old, dict) else _MISSING
-                yield from _walk(sub, obj[key], old_sub, f"{path}.{key}")
+                yield from _walk(sub, obj[key], _at(cel_obj, key), *_old_at(old, cel_old, key), f"{path}.{key}")
         extra = schema.get("additionalProperties")
         if isinstance(extra, dict):
             for key, value in obj.items():
-                old_sub = old.get(key, _MISSING) if isinstance(old, dict) else _MISSING
-                yield from _walk(extra, value, old_sub, f"{path}[{key!r}]")
+                yield from _walk(extra, value, _at(cel_obj, key), *_old_at(old, cel_old, key), f"{path}[{key!r}]")
     elif isinstance(obj, list) and "items" in schema:
         keys = schema.get("x-kubernetes-list-map-keys")
         for i, item in enumerate(obj):
             old_item: Any = _MISSING
+            cel_old_item: Any = _MISSING
             if keys and isinstance(old, list) and isinstance(item, dict):
-                old_item = next(
-                    (o for o in old if isinstance(o, dict) and all(o.get(k) == item.get(k) for k in keys)),
-                    _MISSING,
-                )
-            yield from _walk(schema["items"], item, old_item, f"{path}[{i}]")
+                for j, o in enumerate(old):
+                    if isinstance(o, dict) and all(o.get(k) == item.get(k) for k in keys):
+                        old_item, cel_old_item = o, cel_old[j]
+                        break
+            yield from _walk(schema["items"], item, cel_obj[i], old_item, cel_old_item, f"{path}[{i}]")
+
+
+def _at(cel_map: Any, key: str) -> Any:
+    return cel_map[celpy.celtypes.StringType(key)]
+
+
+def _old_at(old: Any, cel_old: Any, key: str) -> tuple[Any, Any]:
+    if isinstance(old, dict) and key in old:
+        return old[key], _at(cel_old, key)
+    return _MISSING, _MISSING

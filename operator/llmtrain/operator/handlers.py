@@ -45,7 +45,7 @@ def _event(body: Any, kind: str, reason: str, message: str) -> None:
 
 @kopf.on.startup()
 def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    operator_settings.configure(settings)
+    operator_settings.configure(settings, workers=int(os.environ.get("LLMTRAIN_OPERATOR_WORKERS", "16")))
     memo.kube = Kube.from_environment()
     image = os.environ.get(TRAINER_IMAGE_ENV)
     memo.images = ImageSettings(trainer_image=image) if image else ImageSettings()
@@ -129,19 +129,20 @@ def reconcile(body: kopf.Body, status: kopf.Status, memo: kopf.Memo, logger: log
         logger.info(f"created {key}")
     for key in result.adopted:
         logger.info(f"adopted {key}")
-    update: dict[str, Any] = {
-        "observedGeneration": generation,
-        "rayJobName": result.rayjob["metadata"]["name"],
-    }
+    update: dict[str, Any] = {"observedGeneration": generation}
     conditions = status_map.clear_invalid_spec(existing, generation, _now())
     if not status.get("phase") or status.get("phase") == "Failed" and _was_invalid(existing):
+        # The full mirrored status at once: the RayJob's first event then finds nothing to write.
         observed = status_map.observe(result.rayjob.get("status"))
+        update.update(status_map.mirrored_fields(result.rayjob))
         update.update(phase=observed.phase, message=observed.message)
         conditions = status_map.conditions_for(
             observed.phase, observed.reason, observed.message, generation, conditions, _now()
         )
         PHASE_BOOK.set(_key(namespace, name), observed.phase)
         _event(body, "Normal", "Created", f"created RayJob {update['rayJobName']} and its objects")
+    else:
+        update["rayJobName"] = result.rayjob["metadata"]["name"]
     if conditions != existing:
         update["conditions"] = conditions
     _patch_status(kube, namespace, name, update)

@@ -16,7 +16,7 @@ def trainer_rules(job: LLMTrainingJob) -> list[dict[str, Any]]:
             "apiGroups": [API_GROUP],
             "resources": [f"{PLURAL}/status"],
             "resourceNames": [job.metadata.name],
-            "verbs": ["get", "patch"],
+            "verbs": ["patch"],
         }
     ]
 

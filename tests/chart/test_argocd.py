@@ -1,0 +1,178 @@
+"""The Argo CD health check (Lua) and the Flux CEL health checks in docs/argocd.md, executed.
+
+The Lua runs under Lua 5.1 (lupa), the dialect of gopher-lua in Argo CD, the way Argo CD runs it:
+the script body with the live object as the global `obj`, returning a table {status, message}.
+The CEL runs under cel-python with the object's top-level fields as variables, in Flux's order.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import re
+from typing import Any
+
+import celpy
+import celpy.adapter
+import celpy.evaluation
+import pytest
+import yaml
+from llmtrain.api.status import PHASES
+from lupa import lua51
+
+from tests.chart.helm import ROOT
+
+DOC = (ROOT / "docs" / "argocd.md").read_text()
+HEALTH_KEY = "resource.customizations.health.llmtrain.dev_LLMTrainingJob"
+IGNORE_KEY = "resource.customizations.ignoreResourceUpdates.llmtrain.dev_LLMTrainingJob"
+ARGO_HEALTH = {"Healthy", "Progressing", "Degraded", "Suspended", "Missing", "Unknown"}
+
+
+def _yaml_blocks() -> list[Any]:
+    return [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", DOC, flags=re.DOTALL)]
+
+
+@functools.cache
+def argocd_cm() -> dict[str, Any]:
+    (cm,) = [
+        b for b in _yaml_blocks() if isinstance(b, dict) and b.get("metadata", {}).get("name") == "argocd-cm"
+    ]
+    return cm
+
+
+def job(phase: str | None = None, **status: Any) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "apiVersion": "llmtrain.dev/v1alpha1",
+        "kind": "LLMTrainingJob",
+        "metadata": {"name": "tiny-cpu", "namespace": "default", "generation": 1},
+        "spec": {"storage": {"create": {"size": "1Gi"}}},
+    }
+    if phase is not None:
+        obj["status"] = {"phase": phase, "observedGeneration": 1, **status}
+    return obj
+
+
+def argo_health(obj: dict[str, Any]) -> dict[str, str]:
+    lua = lua51.LuaRuntime(unpack_returned_tuples=True)
+    script = argocd_cm()["data"][HEALTH_KEY]
+    # Argo CD's sandbox has no io/os; make sure the script does not need them.
+    lua.execute("io = nil; os = nil")
+    lua.globals().obj = lua.table_from(obj, recursive=True)
+    result = lua.execute(script)
+    assert result is not None, "the script must return its table"
+    out = {k: result[k] for k in ("status", "message") if result[k] is not None}
+    assert set(dict(result.items())) <= {"status", "message"}
+    return out
+
+
+def test_configmap_keys() -> None:
+    data = argocd_cm()["data"]
+    assert set(data) == {HEALTH_KEY, IGNORE_KEY}
+    assert argocd_cm()["metadata"]["namespace"] == "argocd"
+    ignored = yaml.safe_load(data[IGNORE_KEY])["jsonPointers"]
+    assert ignored == ["/status/progress", "/status/kopf"]
+
+
+@pytest.mark.parametrize(
+    ("phase", "health"),
+    [
+        ("Pending", "Progressing"),
+        ("Initializing", "Progressing"),
+        ("Running", "Progressing"),
+        ("Succeeded", "Healthy"),
+        ("Failed", "Degraded"),
+        ("Suspended", "Suspended"),
+    ],
+)
+def test_phase_maps_to_health(phase: str, health: str) -> None:
+    assert argo_health(job(phase))["status"] == health
+
+
+def test_every_api_phase_is_mapped() -> None:
+    for phase in PHASES:
+        assert argo_health(job(phase))["status"] in ARGO_HEALTH - {"Unknown"}, phase
+
+
+def test_message_comes_from_status() -> None:
+    result = argo_health(job("Failed", message="rank 3: CUDA out of memory"))
+    assert result == {"status": "Degraded", "message": "rank 3: CUDA out of memory"}
+    assert argo_health(job("Succeeded")) == {"status": "Healthy", "message": "Succeeded"}
+
+
+def test_running_message_shows_progress() -> None:
+    result = argo_health(job("Running", message="Training", progress={"summary": "40/120", "loss": 2.5}))
+    assert result == {"status": "Progressing", "message": "Training (step 40/120)"}
+
+
+def test_no_status_yet_is_progressing() -> None:
+    result = argo_health(job())
+    assert result["status"] == "Progressing"
+    assert "operator" in result["message"]
+
+
+def test_unobserved_edit_is_progressing() -> None:
+    obj = job("Succeeded")
+    obj["metadata"]["generation"] = 2
+    result = argo_health(obj)
+    assert result == {"status": "Progressing", "message": "Waiting for the operator to act on generation 2"}
+
+
+def test_unknown_phase_is_unknown() -> None:
+    assert argo_health(job("Exploded")) == {"status": "Unknown", "message": "Unknown phase Exploded"}
+
+
+def test_status_without_observed_generation_still_maps() -> None:
+    obj = job("Running")
+    del obj["status"]["observedGeneration"]
+    assert argo_health(obj)["status"] == "Progressing"
+
+
+# --- Flux -------------------------------------------------------------------------------------
+
+
+@functools.cache
+def flux_check() -> dict[str, str]:
+    (kustomization,) = [b for b in _yaml_blocks() if isinstance(b, dict) and b.get("kind") == "Kustomization"]
+    (check,) = kustomization["spec"]["healthCheckExprs"]
+    assert (check["apiVersion"], check["kind"]) == ("llmtrain.dev/v1alpha1", "LLMTrainingJob")
+    return {k: v for k, v in check.items() if k in {"current", "failed", "inProgress"}}
+
+
+def flux_status(obj: dict[str, Any]) -> str:
+    """kustomize-controller's StatusEvaluator.Evaluate: generation check, then inProgress, failed, current."""
+    observed = obj.get("status", {}).get("observedGeneration")
+    if observed is not None and observed != obj["metadata"].get("generation"):
+        return "InProgress"
+    env = celpy.Environment()
+    activation = {k: celpy.adapter.json_to_cel(copy.deepcopy(v)) for k, v in obj.items()}
+    for key, result in (("inProgress", "InProgress"), ("failed", "Failed"), ("current", "Current")):
+        expr = flux_check().get(key)
+        if expr is None:
+            continue
+        try:
+            value = env.program(env.compile(expr)).evaluate(activation)
+        except celpy.evaluation.CELEvalError:
+            return "Error"
+        if value:
+            return result
+    return "InProgress"
+
+
+@pytest.mark.parametrize(
+    ("phase", "status"),
+    [
+        ("Pending", "InProgress"),
+        ("Initializing", "InProgress"),
+        ("Running", "InProgress"),
+        ("Succeeded", "Current"),
+        ("Failed", "Failed"),
+        ("Suspended", "Current"),
+    ],
+)
+def test_flux_health_check_expressions(phase: str, status: str) -> None:
+    assert flux_status(job(phase)) == status
+
+
+def test_flux_waits_while_there_is_no_status() -> None:
+    """Documented behaviour: no status yet is an expression error, which Flux keeps retrying."""
+    assert flux_status(job()) == "Error"

@@ -1,0 +1,85 @@
+"""values.schema.json: well-formed, accepts every value set, rejects bad values naming the key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import jsonschema
+import pytest
+import yaml
+
+from tests.chart.helm import BAD_VALUES_DIR, CHART, VALUE_SETS, chart, load_values, render
+
+SCHEMA: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text())
+BAD_FILES = sorted(BAD_VALUES_DIR.glob("*.yaml"))
+
+
+def expected_error(path: Path) -> str:
+    """The `# error: ...` header line: a fragment Helm's message must contain."""
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# error: "), f"{path.name} must start with '# error: <expected message>'"
+    return first.removeprefix("# error: ")
+
+
+def test_schema_is_a_valid_draft_07_schema() -> None:
+    assert SCHEMA["$schema"] == "http://json-schema.org/draft-07/schema#"
+    jsonschema.Draft7Validator.check_schema(SCHEMA)
+    assert SCHEMA["additionalProperties"] is False
+
+
+def test_helm_loads_the_schema() -> None:
+    assert chart().schema == SCHEMA
+
+
+@pytest.mark.parametrize("value_set", ["default", *VALUE_SETS])
+def test_value_sets_satisfy_the_schema(value_set: str) -> None:
+    values = {} if value_set == "default" else load_values(value_set)
+    chart().validate_schema(values)  # Helm's own validator
+    # And an independent implementation, on the values Helm would use (defaults merged in).
+    jsonschema.Draft7Validator(SCHEMA).validate(chart().merge_values(values))
+
+
+def test_enough_bad_values_files() -> None:
+    assert len(BAD_FILES) >= 10
+
+
+@pytest.mark.parametrize("path", BAD_FILES, ids=lambda p: p.stem)
+def test_bad_values_are_rejected_naming_the_key(path: Path) -> None:
+    values = yaml.safe_load(path.read_text())
+    expected = expected_error(path)
+    with pytest.raises(helm_python.HelmValuesError) as schema_error:
+        chart().validate_schema(values)
+    assert expected in str(schema_error.value)
+    # `helm install/template` runs the same check before rendering anything.
+    with pytest.raises(helm_python.HelmValuesError) as render_error:
+        render(values)
+    assert expected in str(render_error.value)
+    # `helm lint` reports it as an error.
+    report = helm_python.lint(CHART, values)
+    assert any(expected in e for e in report["errors"]), report["errors"]
+
+
+@pytest.mark.parametrize("path", BAD_FILES, ids=lambda p: p.stem)
+def test_bad_values_fail_an_independent_validator_too(path: Path) -> None:
+    """Editors and CI linters use other JSON-schema implementations; they must agree with Helm."""
+    values = yaml.safe_load(path.read_text())
+    merged = chart().merge_values(values)
+    assert list(jsonschema.Draft7Validator(SCHEMA).iter_errors(merged)), path.name
+
+
+def test_bad_values_only_break_the_named_key() -> None:
+    """Each bad file must fail for its stated reason alone, not because of an unrelated typo."""
+    for path in BAD_FILES:
+        values = yaml.safe_load(path.read_text())
+        with pytest.raises(helm_python.HelmValuesError) as error:
+            chart().validate_schema(values)
+        locations = {
+            line.split("'")[1] for line in str(error.value).splitlines() if line.lstrip().startswith("- at '")
+        }
+        expected_location = expected_error(path).split("'")[1] if "at '" in expected_error(path) else ""
+        assert expected_location in locations, (path.name, locations)
+        # Wrappers (allOf, $ref) also report the enclosing objects; nothing outside the key may fail.
+        assert all(expected_location.startswith(loc) for loc in locations), (path.name, locations)

