@@ -103,3 +103,13 @@ def test_drift_patch_rayjob_touches_only_mutable_fields() -> None:
     existing = {"kind": "RayJob", "metadata": {"labels": {}}, "spec": {"suspend": False, "ttlSecondsAfterFinished": 10,
                 "entrypoint": "old", "activeDeadlineSeconds": 60}}
     assert drift_patch(desired, existing) == {"spec": {"suspend": True, "activeDeadlineSeconds": None}}
+
+
+def test_root_cause_only_added_on_failure() -> None:
+    from llmtrain.operator.status import with_root_cause
+
+    failed = observe({"jobDeploymentStatus": "Failed", "reason": "AppFailed"})
+    assert with_root_cause(failed, {"error": "NCCL timeout on rank 1"}).message.endswith("trainer reported: NCCL timeout on rank 1")
+    running = observe({"jobDeploymentStatus": "Running"})
+    assert with_root_cause(running, {"error": "x"}) == running
+    assert with_root_cause(failed, None) == failed

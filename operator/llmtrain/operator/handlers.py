@@ -200,7 +200,7 @@ def _mirror_once(kube: Kube, rayjob: kopf.Body, owner: dict[str, Any], namespace
     current = job.get("status") or {}
     if _was_invalid(current.get("conditions") or []):
         return
-    observed = status_map.observe(dict(rayjob.get("status") or {}))
+    observed = status_map.with_root_cause(status_map.observe(dict(rayjob.get("status") or {})), current.get("progress"))
     generation = job["metadata"].get("generation")
     message = observed.message
     update: dict[str, Any] = {

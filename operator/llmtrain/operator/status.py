@@ -72,6 +72,14 @@ def observe(rayjob_status: dict[str, Any] | None) -> Observed:
     return Observed(phase=phase, reason=reason, message=message)
 
 
+def with_root_cause(observed: Observed, progress: dict[str, Any] | None) -> Observed:
+    """On failure, add what the trainer reported (e.g. 'OutOfMemoryError on rank 3: ...')."""
+    error = (progress or {}).get("error")
+    if observed.phase != "Failed" or not error:
+        return observed
+    return Observed(observed.phase, observed.reason, f"{observed.message}; trainer reported: {error}")
+
+
 def conditions_for(
     phase: Phase,
     reason: str,

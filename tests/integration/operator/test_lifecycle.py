@@ -170,3 +170,16 @@ async def test_child_owned_by_another_controller_fails_clearly(apiserver: ApiSer
     failed = conditions_of(apiserver, "taken")["Failed"]
     assert failed["reason"] == "ChildConflict" and "taken-config" in failed["message"]
     assert stored_rayjob(apiserver, "taken") is None
+
+
+async def test_failure_message_carries_the_trainers_root_cause(apiserver: ApiServer, operator: object) -> None:
+    await apiserver.create(tiny_job("oom"))
+    await eventually(lambda: stored_rayjob(apiserver, "oom"), what="the RayJob")
+    error = "OutOfMemoryError on rank 3: CUDA out of memory. Tried to allocate 2.00 GiB"
+    await apiserver.patch_status(*JOB, NS, "oom", {"status": {"progress": {"step": 7, "error": error}}})
+    await set_rayjob_status(apiserver, "oom", {"jobDeploymentStatus": "Failed", "reason": "AppFailed", "message": "exit code 1"})
+    await eventually(lambda: phase_of(apiserver, "oom") == "Failed", what="Failed")
+    status = stored_job(apiserver, "oom")["status"]  # type: ignore[index]
+    assert status["message"] == f"the training application failed: exit code 1; trainer reported: {error}"
+    assert conditions_of(apiserver, "oom")["Failed"]["message"] == status["message"]
+    assert status["progress"] == {"step": 7, "error": error}

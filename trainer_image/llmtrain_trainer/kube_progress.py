@@ -1,0 +1,188 @@
+"""Rank 0 → `LLMTrainingJob.status.progress`, through the status subresource.
+
+Training must never wait on the API server: `emit()` only records the newest state and wakes a
+background thread, which patches at most every `interval` seconds (immediately on a checkpoint, the
+end, or an error). A failed patch is retried with backoff; a state that a newer one replaced while
+waiting is dropped, never sent late. The pod's own ServiceAccount may patch only this job's status
+(the Role rendered per job), so this needs no client library: the standard library suffices.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import ssl
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llmtrain_trainer.metrics import MetricsRecord
+
+log = logging.getLogger(__name__)
+
+SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+# Outside a pod (tests, development), point the reporter at an API server explicitly.
+API_SERVER_ENV = "LLMTRAIN_API_SERVER"
+API_TOKEN_ENV = "LLMTRAIN_API_TOKEN"
+_URGENT = {"checkpoint", "finished", "exported"}
+
+
+@dataclass(frozen=True)
+class ApiTarget:
+    base_url: str
+    token: str | None
+    ca_file: str | None
+
+    @classmethod
+    def discover(cls) -> ApiTarget | None:
+        """In a pod: the in-cluster address and ServiceAccount token; else $LLMTRAIN_API_SERVER."""
+        explicit = os.environ.get(API_SERVER_ENV)
+        if explicit:
+            return cls(explicit.rstrip("/"), os.environ.get(API_TOKEN_ENV), None)
+        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+        token_file = SA_DIR / "token"
+        if not host or not port or not token_file.exists():
+            return None
+        ca = SA_DIR / "ca.crt"
+        host = f"[{host}]" if ":" in host else host
+        return cls(f"https://{host}:{port}", token_file.read_text().strip(), str(ca) if ca.exists() else None)
+
+    def status_url(self, namespace: str, name: str) -> str:
+        return f"{self.base_url}/apis/llmtrain.dev/v1alpha1/namespaces/{namespace}/llmtrainingjobs/{name}/status"
+
+
+def _rfc3339(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def progress_fields(state: dict[str, Any], record: MetricsRecord) -> dict[str, Any]:
+    """Fold one record into the progress block (camelCase, the CRD's status.progress)."""
+    out = dict(state)
+    out["step"] = record.step
+    out["totalSteps"] = record.total_steps
+    out["summary"] = f"{record.step}/{record.total_steps}"
+    for attr, key in (
+        ("epoch", "epoch"),
+        ("loss", "loss"),
+        ("learning_rate", "learningRate"),
+        ("tokens_per_second", "tokensPerSecond"),
+        ("mfu", "mfu"),
+    ):
+        value = getattr(record, attr)
+        if value is not None:
+            out[key] = round(float(value), 6)
+    if record.eta_seconds is not None:
+        out["etaSeconds"] = max(0, int(record.eta_seconds))
+    if record.event == "checkpoint" and record.path:
+        out["lastCheckpoint"] = {"path": record.path, "step": record.step}
+    if record.event == "finished":
+        out["etaSeconds"] = 0
+    out["updatedAt"] = _rfc3339(record.time)
+    return out
+
+
+class KubernetesProgressSink:
+    """A ProgressSink that patches the job's status.progress from a background thread."""
+
+    def __init__(
+        self,
+        target: ApiTarget,
+        namespace: str,
+        name: str,
+        interval: float = 15.0,
+        timeout: float = 10.0,
+        max_backoff: float = 60.0,
+    ) -> None:
+        self._url = target.status_url(namespace, name)
+        self._target = target
+        self._interval = interval
+        self._timeout = timeout
+        self._max_backoff = max_backoff
+        self._state: dict[str, Any] = {}
+        self._version = 0  # bumped on every emit; the sender only sends the newest
+        self._sent_version = 0
+        self._urgent = False
+        self._cond = threading.Condition()
+        self._closing = False
+        self.patches_sent = 0
+        self.failures = 0
+        self._ssl = ssl.create_default_context(cafile=target.ca_file) if target.base_url.startswith("https") else None
+        self._thread = threading.Thread(target=self._run, name="llmtrain-progress", daemon=True)
+        self._thread.start()
+
+    def emit(self, record: MetricsRecord) -> None:
+        with self._cond:
+            self._state = progress_fields(self._state, record)
+            self._version += 1
+            self._urgent = self._urgent or record.event in _URGENT
+            self._cond.notify()
+
+    def report_error(self, message: str) -> None:
+        """The root cause of a failed run (e.g. 'OutOfMemoryError on rank 3: ...'), sent at once."""
+        with self._cond:
+            self._state = {**self._state, "error": message[:4096], "updatedAt": _rfc3339(time.time())}
+            self._version += 1
+            self._urgent = True
+            self._cond.notify()
+
+    def close(self, flush_timeout: float = 10.0) -> None:
+        """Send what is pending (bounded), then stop. Never blocks longer than flush_timeout."""
+        with self._cond:
+            self._closing = True
+            self._urgent = True
+            self._cond.notify()
+        self._thread.join(flush_timeout)
+
+    def _run(self) -> None:
+        last_sent = 0.0
+        backoff = 1.0
+        while True:
+            with self._cond:
+                while True:
+                    pending = self._version != self._sent_version
+                    due = time.monotonic() - last_sent >= self._interval
+                    if pending and (self._urgent or due):
+                        break
+                    if self._closing and not pending:
+                        return
+                    wait = None if not pending else max(0.0, self._interval - (time.monotonic() - last_sent))
+                    self._cond.wait(wait)
+                version, state = self._version, dict(self._state)
+                self._urgent = False
+            if self._patch(state):
+                last_sent = time.monotonic()
+                backoff = 1.0
+                with self._cond:
+                    self._sent_version = max(self._sent_version, version)
+            else:
+                with self._cond:
+                    if self._closing:
+                        return  # the run is over; do not hold the process on a broken API
+                    # Retry later; if newer state arrives meanwhile, it replaces this one.
+                    self._urgent = False
+                    self._cond.wait(backoff)
+                    self._urgent = True
+                backoff = min(backoff * 2, self._max_backoff)
+
+    def _patch(self, progress: dict[str, Any]) -> bool:
+        body = json.dumps({"status": {"progress": progress}}).encode()
+        request = urllib.request.Request(self._url, data=body, method="PATCH")
+        request.add_header("Content-Type", "application/merge-patch+json")
+        request.add_header("Accept", "application/json")
+        if self._target.token:
+            request.add_header("Authorization", f"Bearer {self._target.token}")
+        try:
+            with urllib.request.urlopen(request, timeout=self._timeout, context=self._ssl) as resp:
+                resp.read()
+            self.patches_sent += 1
+            return True
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            self.failures += 1
+            log.warning("progress report failed (will retry): %s", exc)
+            return False
