@@ -29,7 +29,9 @@ def _documents(path: Path) -> Iterator[Any]:
 def _load_one(path: Path) -> Any:
     docs = list(_documents(path))
     if len(docs) != 1:
-        raise InvalidJob([Problem(".", f"{path} holds {len(docs)} documents; give one LLMTrainingJob per file")])
+        raise InvalidJob(
+            [Problem(".", f"{path} holds {len(docs)} documents; give one LLMTrainingJob per file")]
+        )
     return docs[0]
 
 
@@ -89,7 +91,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         from llmtrain_trainer.local import run_local
     except ImportError as exc:
-        print(f"llmtrain run needs the training extra: pip install 'llmtrain[train]' ({exc})", file=sys.stderr)
+        print(
+            f"llmtrain run needs the training extra: pip install 'llmtrain[train]' ({exc})", file=sys.stderr
+        )
         return 2
     return run_local(args.file, runs_root=args.runs_dir, use_gpu=args.gpu, fresh=args.fresh)
 
@@ -98,13 +102,18 @@ def cmd_operator(args: argparse.Namespace) -> int:
     try:
         from llmtrain.operator.main import run_operator
     except ImportError as exc:
-        print(f"llmtrain operator needs the operator extra: pip install 'llmtrain[operator]' ({exc})", file=sys.stderr)
+        print(
+            f"llmtrain operator needs the operator extra: pip install 'llmtrain[operator]' ({exc})",
+            file=sys.stderr,
+        )
         return 2
     return run_operator(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="llmtrain", description="Train LLMs on Kubernetes with one kubectl apply.")
+    parser = argparse.ArgumentParser(
+        prog="llmtrain", description="Train LLMs on Kubernetes with one kubectl apply."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("render", help="print the Kubernetes objects an LLMTrainingJob becomes")
@@ -129,8 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("operator", help="run the Kubernetes operator")
     scope = p.add_mutually_exclusive_group()
-    scope.add_argument("--all-namespaces", "-A", action="store_true", default=False, help="watch every namespace (default)")
-    scope.add_argument("--namespace", "-n", action="append", default=[], help="watch this namespace (repeatable)")
+    scope.add_argument(
+        "--all-namespaces", "-A", action="store_true", default=False, help="watch every namespace (default)"
+    )
+    scope.add_argument(
+        "--namespace", "-n", action="append", default=[], help="watch this namespace (repeatable)"
+    )
     p.add_argument("--liveness-port", type=int, default=8080, help="serves /healthz (0 disables)")
     p.add_argument("--metrics-port", type=int, default=9090, help="serves Prometheus /metrics (0 disables)")
     p.add_argument("--log-level", choices=["debug", "info", "warning"], default="info")

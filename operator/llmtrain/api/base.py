@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict
 
 # Kubernetes resource.Quantity, as the apiserver's own OpenAPI pattern spells it.
 QUANTITY_PATTERN = (
@@ -20,18 +21,21 @@ QUANTITY_PATTERN = (
 DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # A qualified Kubernetes name such as nvidia.com/gpu or amd.com/gpu.
-QUALIFIED_NAME = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+QUALIFIED_NAME = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
 
 
-def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+def cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
     """One `x-kubernetes-validations` entry; the message should say what to change."""
-    entry = {"rule": rule, "message": message}
+    entry: JsonDict = {"rule": rule, "message": message}
     if field_path:
         entry["fieldPath"] = field_path
     return entry
 
 
-def immutable(field: str) -> dict[str, Any]:
+def immutable(field: str) -> JsonDict:
     """Field-level transition rule: the value may not change after creation."""
     return {
         "x-kubernetes-validations": [

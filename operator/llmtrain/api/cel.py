@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import celpy
+from celpy.adapter import json_to_cel
+from celpy.evaluation import CELEvalError
 
 _MISSING = object()
 
@@ -36,7 +38,7 @@ def _is_transition(rule: str) -> bool:
 
 def evaluate_rule(rule: str, value: Any, old: Any = _MISSING) -> bool:
     """True when the rule holds. An evaluation error (e.g. a missing field) counts as a failure."""
-    return _evaluate_cel(rule, celpy.json_to_cel(value), old if old is _MISSING else celpy.json_to_cel(old))
+    return _evaluate_cel(rule, json_to_cel(value), old if old is _MISSING else json_to_cel(old))
 
 
 def _evaluate_cel(rule: str, value: Any, old: Any = _MISSING) -> bool:
@@ -45,15 +47,15 @@ def _evaluate_cel(rule: str, value: Any, old: Any = _MISSING) -> bool:
         activation["oldSelf"] = old
     try:
         return bool(_program(rule).evaluate(activation))
-    except celpy.CELEvalError:
+    except CELEvalError:
         return False
 
 
 def violations(schema: dict[str, Any], obj: Any, old: Any = _MISSING, path: str = "") -> list[RuleViolation]:
     """Every violated rule under `schema` for `obj`, with the JSON path of the failing node."""
     # Convert once; sub-values of the converted tree are reused for nested rules.
-    cel_obj = celpy.json_to_cel(obj)
-    cel_old = _MISSING if old is _MISSING else celpy.json_to_cel(old)
+    cel_obj = json_to_cel(obj)
+    cel_old = _MISSING if old is _MISSING else json_to_cel(old)
     return list(_walk(schema, obj, cel_obj, old, cel_old, path))
 
 
@@ -74,11 +76,15 @@ def _walk(
     if isinstance(obj, dict):
         for key, sub in schema.get("properties", {}).items():
             if key in obj:
-                yield from _walk(sub, obj[key], _at(cel_obj, key), *_old_at(old, cel_old, key), f"{path}.{key}")
+                yield from _walk(
+                    sub, obj[key], _at(cel_obj, key), *_old_at(old, cel_old, key), f"{path}.{key}"
+                )
         extra = schema.get("additionalProperties")
         if isinstance(extra, dict):
             for key, value in obj.items():
-                yield from _walk(extra, value, _at(cel_obj, key), *_old_at(old, cel_old, key), f"{path}[{key!r}]")
+                yield from _walk(
+                    extra, value, _at(cel_obj, key), *_old_at(old, cel_old, key), f"{path}[{key!r}]"
+                )
     elif isinstance(obj, list) and "items" in schema:
         keys = schema.get("x-kubernetes-list-map-keys")
         for i, item in enumerate(obj):

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from llmtrain.api.base import ApiModel, cel
-from llmtrain.api.spec import API_GROUP, API_VERSION, KIND, MAX_NAME_LENGTH, LLMTrainingJobSpec
+from llmtrain.api.spec import MAX_NAME_LENGTH, LLMTrainingJobSpec
 from llmtrain.api.status import LLMTrainingJobStatus
 
 DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
@@ -46,10 +46,8 @@ class LLMTrainingJob(ApiModel):
         }
     )
 
-    api_version: Literal["llmtrain.dev/v1alpha1"] = Field(
-        default=f"{API_GROUP}/{API_VERSION}", alias="apiVersion"
-    )
-    kind: Literal["LLMTrainingJob"] = KIND
+    api_version: Literal["llmtrain.dev/v1alpha1"] = Field(default="llmtrain.dev/v1alpha1", alias="apiVersion")
+    kind: Literal["LLMTrainingJob"] = "LLMTrainingJob"
     metadata: ObjectMeta
     spec: LLMTrainingJobSpec
     status: LLMTrainingJobStatus | None = None

@@ -141,9 +141,7 @@ class DatasetSpec(ApiModel):
         description="Template for the prompt in format instruction, with {prompt} as placeholder; "
         "defaults to the prompt as is.",
     )
-    max_seq_length: int = Field(
-        default=2048, ge=8, le=1048576, description="Tokens per training sequence."
-    )
+    max_seq_length: int = Field(default=2048, ge=8, le=1048576, description="Tokens per training sequence.")
     packing: bool = Field(
         default=True,
         description="Concatenate samples and cut them into full sequences (format text) instead of "
@@ -306,7 +304,9 @@ class TrainingSpec(ApiModel):
 class CheckpointSpec(ApiModel):
     """Sharded checkpoints on the shared storage; the run resumes from the latest one."""
 
-    every_steps: int = Field(default=500, ge=1, le=10_000_000, description="Optimizer steps between checkpoints.")
+    every_steps: int = Field(
+        default=500, ge=1, le=10_000_000, description="Optimizer steps between checkpoints."
+    )
     keep: int = Field(default=3, ge=1, le=1000, description="Checkpoints kept (oldest deleted first).")
     export: bool = Field(
         default=True,
@@ -339,7 +339,9 @@ class HeadResources(ApiModel):
 class ResourcesSpec(ApiModel):
     """Workers, accelerators and placement."""
 
-    workers: int = Field(default=1, ge=1, le=1024, description="Ray worker pods (one training process per GPU).")
+    workers: int = Field(
+        default=1, ge=1, le=1024, description="Ray worker pods (one training process per GPU)."
+    )
     gpus_per_worker: int = Field(
         default=1, ge=0, le=16, description="GPUs per worker pod; 0 trains on CPU (gloo)."
     )
@@ -377,6 +379,13 @@ class ResourcesSpec(ApiModel):
     )
 
 
+AccessMode = Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod", "ReadOnlyMany"]
+
+
+def _default_access_modes() -> list[AccessMode]:
+    return ["ReadWriteMany"]
+
+
 class StorageCreateSpec(ApiModel):
     """A PersistentVolumeClaim created for (and deleted with) the job."""
 
@@ -385,10 +394,10 @@ class StorageCreateSpec(ApiModel):
         default=None, description="StorageClass; the cluster default when unset."
     )
     access_modes: Annotated[
-        list[Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod", "ReadOnlyMany"]],
+        list[AccessMode],
         Field(min_length=1, max_length=4),
     ] = Field(
-        default_factory=lambda: ["ReadWriteMany"],
+        default_factory=_default_access_modes,
         description="Access modes; several nodes write checkpoints, so ReadWriteMany is the default.",
     )
 
@@ -518,8 +527,7 @@ class LLMTrainingJobSpec(ApiModel):
             "x-kubernetes-validations": [
                 cel(
                     "self.training.precision != 'fp16' || self.resources.gpusPerWorker > 0",
-                    "training.precision fp16 needs GPUs: use fp32 (or bf16) with "
-                    "resources.gpusPerWorker: 0",
+                    "training.precision fp16 needs GPUs: use fp32 (or bf16) with resources.gpusPerWorker: 0",
                     ".training.precision",
                 ),
                 cel(

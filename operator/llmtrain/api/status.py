@@ -43,12 +43,16 @@ class Progress(ApiModel):
     epoch: float | None = Field(default=None, ge=0, description="Fractional epoch.")
     loss: float | None = Field(default=None, description="Training loss, averaged since the last report.")
     learning_rate: float | None = Field(default=None, description="Current learning rate.")
-    tokens_per_second: float | None = Field(default=None, ge=0, description="Training throughput, all workers.")
+    tokens_per_second: float | None = Field(
+        default=None, ge=0, description="Training throughput, all workers."
+    )
     mfu: float | None = Field(default=None, ge=0, description="Model FLOPs utilisation (0-1), when known.")
     eta_seconds: int | None = Field(default=None, ge=0, description="Estimated seconds to the end.")
     last_checkpoint: CheckpointRef | None = Field(default=None, description="Latest checkpoint.")
     error: str | None = Field(
-        default=None, max_length=4096, description="Root cause reported by the trainer, e.g. rank and error class."
+        default=None,
+        max_length=4096,
+        description="Root cause reported by the trainer, e.g. rank and error class.",
     )
     updated_at: str | None = Field(default=None, description="When the trainer last reported (RFC 3339).")
 
@@ -60,7 +64,9 @@ class LLMTrainingJobStatus(ApiModel):
     # keep unknown fields there or the API server would prune them.
     model_config = ConfigDict(extra="allow")
 
-    phase: Phase | None = Field(default=None, description="Pending, Initializing, Running, Succeeded, Failed or Suspended.")
+    phase: Phase | None = Field(
+        default=None, description="Pending, Initializing, Running, Succeeded, Failed or Suspended."
+    )
     conditions: list[Condition] = Field(
         default_factory=list,
         description="Latest observations (Created, Running, Succeeded, Failed, Suspended, InvalidSpec).",
@@ -69,9 +75,13 @@ class LLMTrainingJobStatus(ApiModel):
     observed_generation: int | None = Field(default=None, ge=0, description="Generation last acted on.")
     ray_job_name: str | None = Field(default=None, description="The RayJob running this job.")
     ray_cluster_name: str | None = Field(default=None, description="The current Ray cluster.")
-    dashboard_url: str | None = Field(default=None, alias="dashboardURL", description="Ray dashboard address.")
+    dashboard_url: str | None = Field(
+        default=None, alias="dashboardURL", description="Ray dashboard address."
+    )
     start_time: str | None = Field(default=None, description="When the RayJob started (RFC 3339).")
     completion_time: str | None = Field(default=None, description="When the RayJob finished (RFC 3339).")
-    retries: int | None = Field(default=None, ge=0, description="Failed attempts so far (RayJob status.failed).")
+    retries: int | None = Field(
+        default=None, ge=0, description="Failed attempts so far (RayJob status.failed)."
+    )
     message: str | None = Field(default=None, description="Why the job is in its phase.")
     progress: Progress | None = Field(default=None, description="Live training progress (trainer-owned).")

@@ -42,7 +42,9 @@ class ProgressSpec(ApiModel):
 class TrainerConfig(ApiModel):
     job: JobRef
     run_name: str = Field(description="Ray Train RunConfig(name): stable per job so every restart resumes.")
-    storage_path: str = Field(description="Ray Train RunConfig(storage_path): shared, same path on every node.")
+    storage_path: str = Field(
+        description="Ray Train RunConfig(storage_path): shared, same path on every node."
+    )
     scaling: ScalingSpec
     max_worker_failures: int = Field(default=0, ge=-1)
     collective_timeout_seconds: int = Field(default=1800, ge=1)

@@ -58,7 +58,11 @@ def _hint(err: dict[str, Any]) -> str:
     if kind == "string_pattern_mismatch":
         return f"invalid value {err.get('input')!r}: must match {ctx.get('pattern')}"
     message: str = err["msg"]
-    return f"{message} (got {err.get('input')!r})" if "input" in err and not isinstance(err["input"], dict) else message
+    return (
+        f"{message} (got {err.get('input')!r})"
+        if "input" in err and not isinstance(err["input"], dict)
+        else message
+    )
 
 
 def _pydantic_problems(exc: ValidationError) -> list[Problem]:

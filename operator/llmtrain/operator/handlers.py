@@ -8,7 +8,6 @@ Deletion relies on ownerReference garbage collection: no finalizer, nothing to b
 from __future__ import annotations
 
 import datetime
-import logging
 import os
 import time
 from typing import Any
@@ -74,13 +73,20 @@ def _patch_status(kube: Kube, namespace: str, name: str, status: dict[str, Any])
 
 
 def _fail_permanently(
-    kube: Kube, body: kopf.Body, reason: str, message: str, generation: int | None, existing: list[dict[str, Any]]
+    kube: Kube,
+    body: kopf.Body,
+    reason: str,
+    message: str,
+    generation: int | None,
+    existing: list[dict[str, Any]],
 ) -> None:
     meta = body["metadata"]
     conditions = status_map.invalid_spec_conditions(message, generation, existing, _now())
     if reason != "InvalidSpec":
         conditions = [
-            {**c, "reason": reason} if c["type"] == "Failed" else c for c in conditions if c["type"] != "InvalidSpec"
+            {**c, "reason": reason} if c["type"] == "Failed" else c
+            for c in conditions
+            if c["type"] != "InvalidSpec"
         ]
     _patch_status(
         kube,
@@ -96,7 +102,7 @@ def _fail_permanently(
 @kopf.on.resume(API_GROUP, API_VERSION, PLURAL)
 @kopf.on.create(API_GROUP, API_VERSION, PLURAL)
 @kopf.on.update(API_GROUP, API_VERSION, PLURAL)
-def reconcile(body: kopf.Body, status: kopf.Status, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+def reconcile(body: kopf.Body, status: kopf.Status, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     started = time.perf_counter()
     kube: Kube = memo.kube
     meta = body["metadata"]
@@ -131,7 +137,7 @@ def reconcile(body: kopf.Body, status: kopf.Status, memo: kopf.Memo, logger: log
         logger.info(f"adopted {key}")
     update: dict[str, Any] = {"observedGeneration": generation}
     conditions = status_map.clear_invalid_spec(existing, generation, _now())
-    if not status.get("phase") or status.get("phase") == "Failed" and _was_invalid(existing):
+    if not status.get("phase") or (status.get("phase") == "Failed" and _was_invalid(existing)):
         # The full mirrored status at once: the RayJob's first event then finds nothing to write.
         observed = status_map.observe(result.rayjob.get("status"))
         update.update(status_map.mirrored_fields(result.rayjob))
@@ -160,14 +166,18 @@ def forget(meta: kopf.Meta, **_: Any) -> None:
 
 def _owner_ref(rayjob: kopf.Body) -> dict[str, Any] | None:
     for ref in rayjob.get("metadata", {}).get("ownerReferences") or []:
-        if ref.get("controller") and ref.get("kind") == "LLMTrainingJob" and ref.get("apiVersion", "").startswith(API_GROUP):
+        if (
+            ref.get("controller")
+            and ref.get("kind") == "LLMTrainingJob"
+            and ref.get("apiVersion", "").startswith(API_GROUP)
+        ):
             return dict(ref)
     return None
 
 
 @kopf.on.event("ray.io", "v1", "rayjobs", labels={JOB_LABEL: kopf.PRESENT})
 def mirror_rayjob_status(
-    event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any
+    event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any
 ) -> None:
     """Event handlers are not retried by Kopf, so transient errors are retried here."""
     if event.get("type") == "DELETED":
@@ -200,7 +210,9 @@ def _mirror_once(kube: Kube, rayjob: kopf.Body, owner: dict[str, Any], namespace
     current = job.get("status") or {}
     if _was_invalid(current.get("conditions") or []):
         return
-    observed = status_map.with_root_cause(status_map.observe(dict(rayjob.get("status") or {})), current.get("progress"))
+    observed = status_map.with_root_cause(
+        status_map.observe(dict(rayjob.get("status") or {})), current.get("progress")
+    )
     generation = job["metadata"].get("generation")
     message = observed.message
     update: dict[str, Any] = {
@@ -219,4 +231,9 @@ def _mirror_once(kube: Kube, rayjob: kopf.Body, owner: dict[str, Any], namespace
     PHASE_BOOK.set(_key(namespace, owner["name"]), observed.phase)
     if current.get("phase") != observed.phase:
         kind = "Warning" if observed.phase == "Failed" else "Normal"
-        _event(job, kind, observed.reason, f"phase {current.get('phase') or 'None'} → {observed.phase}: {message}")
+        _event(
+            job,
+            kind,
+            observed.reason,
+            f"phase {current.get('phase') or 'None'} → {observed.phase}: {message}",
+        )

@@ -40,7 +40,9 @@ RESOURCES: dict[tuple[str, str], Resource] = {
     ("v1", "ServiceAccount"): Resource("", "v1", "serviceaccounts"),
     ("v1", "Event"): Resource("", "v1", "events"),
     ("rbac.authorization.k8s.io/v1", "Role"): Resource("rbac.authorization.k8s.io", "v1", "roles"),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"): Resource("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): Resource(
+        "rbac.authorization.k8s.io", "v1", "rolebindings"
+    ),
     ("ray.io/v1", "RayJob"): Resource("ray.io", "v1", "rayjobs"),
     (f"{API_GROUP}/{API_VERSION}", "LLMTrainingJob"): Resource(API_GROUP, API_VERSION, PLURAL),
 }
@@ -76,9 +78,9 @@ class Kube:
         from kubernetes import config
 
         try:
-            config.load_incluster_config()
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
         except config.ConfigException:
-            config.load_kube_config()
+            config.load_kube_config()  # type: ignore[no-untyped-call]
         return cls(k8s_client.ApiClient())
 
     def request(
@@ -98,10 +100,10 @@ class Kube:
             resp = self.api.call_api(m, url, header_params=hdrs, body=payload, _request_timeout=30)
         except OSError as exc:  # connection refused/reset: the API server is unreachable
             raise ApiError(0, "ConnectionError", str(exc)) from exc
-        raw = resp.read()
+        raw = resp.read()  # type: ignore[no-untyped-call]
         data: dict[str, Any] = json.loads(raw) if raw else {}
         if resp.status >= 300:
-            retry_after = resp.getheader("Retry-After")
+            retry_after = resp.getheader("Retry-After")  # type: ignore[no-untyped-call]
             raise ApiError(
                 resp.status,
                 str(data.get("reason") or resp.reason),
@@ -123,6 +125,11 @@ class Kube:
         return self.request("PATCH", res.path(namespace, name, subresource), patch, MERGE_PATCH)
 
     def json_patch(
-        self, res: Resource, namespace: str, name: str, ops: list[dict[str, Any]], subresource: str | None = None
+        self,
+        res: Resource,
+        namespace: str,
+        name: str,
+        ops: list[dict[str, Any]],
+        subresource: str | None = None,
     ) -> dict[str, Any]:
         return self.request("PATCH", res.path(namespace, name, subresource), ops, JSON_PATCH)

@@ -37,7 +37,7 @@ class PhaseBook:
             self._publish()
 
     def _publish(self) -> None:
-        counts = dict.fromkeys(PHASES, 0)
+        counts: dict[str, int] = dict.fromkeys(PHASES, 0)
         for phase in self._phases.values():
             counts[phase] = counts.get(phase, 0) + 1
         for phase, count in counts.items():

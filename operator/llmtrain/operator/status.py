@@ -105,7 +105,9 @@ def conditions_for(
         cond: dict[str, Any] = {
             "type": ctype,
             "status": status,
-            "reason": "RayJobCreated" if ctype == "Created" else (reason if status == "True" else f"Not{ctype}"),
+            "reason": "RayJobCreated"
+            if ctype == "Created"
+            else (reason if status == "True" else f"Not{ctype}"),
             "message": message if status == "True" and ctype != "Created" else "",
             "lastTransitionTime": now if changed or old is None else old.get("lastTransitionTime", now),
         }
@@ -141,12 +143,20 @@ def invalid_spec_conditions(
     return out
 
 
-def clear_invalid_spec(existing: list[dict[str, Any]], generation: int | None, now: str) -> list[dict[str, Any]]:
+def clear_invalid_spec(
+    existing: list[dict[str, Any]], generation: int | None, now: str
+) -> list[dict[str, Any]]:
     """Once a spec parses again, InvalidSpec turns False (it is not just dropped, so users see why)."""
     out = []
     for cond in existing:
         if cond.get("type") == "InvalidSpec" and cond.get("status") == "True":
-            cond = {**cond, "status": "False", "reason": "SpecValid", "message": "", "lastTransitionTime": now}
+            cond = {
+                **cond,
+                "status": "False",
+                "reason": "SpecValid",
+                "message": "",
+                "lastTransitionTime": now,
+            }
             if generation is not None:
                 cond["observedGeneration"] = generation
         out.append(cond)

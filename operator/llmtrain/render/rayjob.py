@@ -104,7 +104,9 @@ def _pod_spec(
     return pod
 
 
-def _container(job: LLMTrainingJob, images: ImageSettings, name: str, resources: dict[str, str]) -> dict[str, Any]:
+def _container(
+    job: LLMTrainingJob, images: ImageSettings, name: str, resources: dict[str, str]
+) -> dict[str, Any]:
     uses_gpu = job.spec.resources.gpus_per_worker > 0
     return {
         "name": name,

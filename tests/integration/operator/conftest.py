@@ -12,8 +12,8 @@ import kopf
 import pytest
 import pytest_asyncio
 from kopf.testing import KopfRunner
-
 from llmtrain.operator.permissions import granted
+
 from tests.support.apiserver.server import ApiServer
 from tests.support.jobs import minimal_job
 
@@ -84,7 +84,8 @@ async def set_rayjob_status(server: ApiServer, name: str, status: dict[str, Any]
 
 def events_for(server: ApiServer, name: str) -> list[dict[str, Any]]:
     return [
-        e for e in server.stored_items("v1", "events", NS)
+        e
+        for e in server.stored_items("v1", "events", NS)
         if (e.get("involvedObject") or {}).get("name") == name
     ]
 
@@ -101,7 +102,7 @@ def operator_calls(server: ApiServer) -> set[tuple[str, str, str]]:
     The test's own client is aiohttp ("Python/3.x aiohttp/..."); Kopf and the kubernetes client
     identify themselves otherwise."""
     calls = set()
-    for req in list(server.emulator._requests):
+    for req in server.requests():
         agent = req.headers.get("User-Agent", "")
         if agent.startswith("Python/") or req.resource is None or not req.resource.plural:
             continue

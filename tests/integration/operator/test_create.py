@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from llmtrain.api.validation import parse_job
 from llmtrain.render import render
+
 from tests.integration.operator.conftest import (
     NS,
     conditions_of,
@@ -24,7 +25,9 @@ CHILDREN = [
 ]
 
 
-async def test_create_renders_every_child_with_owner_reference(apiserver: ApiServer, operator: object) -> None:
+async def test_create_renders_every_child_with_owner_reference(
+    apiserver: ApiServer, operator: object
+) -> None:
     created = await apiserver.create(tiny_job("tiny"))
     uid = created["metadata"]["uid"]
     await eventually(lambda: stored_rayjob(apiserver, "tiny"), what="the RayJob")
@@ -49,7 +52,9 @@ async def test_create_renders_every_child_with_owner_reference(apiserver: ApiSer
 def _as_stored(want: object, got: object) -> object:
     """The API server adds defaults (e.g. to the RayJob pod templates); compare what we rendered."""
     if isinstance(want, dict) and isinstance(got, dict):
-        return {k: _as_stored(v, got.get(k)) for k, v in want.items()} | {k: v for k, v in got.items() if k not in want}
+        return {k: _as_stored(v, got.get(k)) for k, v in want.items()} | {
+            k: v for k, v in got.items() if k not in want
+        }
     if isinstance(want, list) and isinstance(got, list) and len(want) == len(got):
         return [_as_stored(w, g) for w, g in zip(want, got, strict=True)]
     return want

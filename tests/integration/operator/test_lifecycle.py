@@ -7,6 +7,7 @@ import copy
 from llmtrain.api.crd import crd
 from llmtrain.api.validation import parse_job
 from llmtrain.render import render
+
 from tests.integration.operator.conftest import (
     JOB,
     NS,
@@ -24,9 +25,12 @@ from tests.integration.operator.conftest import (
 from tests.support.apiserver.server import ApiServer
 
 CHILD_KINDS = [
-    ("v1", "ServiceAccount"), ("rbac.authorization.k8s.io/v1", "Role"),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"), ("v1", "PersistentVolumeClaim"),
-    ("v1", "ConfigMap"), RAYJOB,
+    ("v1", "ServiceAccount"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("v1", "PersistentVolumeClaim"),
+    ("v1", "ConfigMap"),
+    RAYJOB,
 ]
 
 
@@ -37,13 +41,19 @@ def _counts(apiserver: ApiServer) -> dict[str, int]:
 async def test_suspend_toggle_reaches_the_rayjob_and_back(apiserver: ApiServer, operator: object) -> None:
     await apiserver.create(tiny_job("toggle"))
     await eventually(lambda: stored_rayjob(apiserver, "toggle"), what="the RayJob")
-    await apiserver.patch(*JOB, NS, "toggle", {"spec": {"runPolicy": {"suspend": True, "activeDeadlineSeconds": 900}}})
-    await eventually(lambda: stored_rayjob(apiserver, "toggle")["spec"]["suspend"] is True, what="RayJob suspended")
+    await apiserver.patch(
+        *JOB, NS, "toggle", {"spec": {"runPolicy": {"suspend": True, "activeDeadlineSeconds": 900}}}
+    )
+    await eventually(
+        lambda: stored_rayjob(apiserver, "toggle")["spec"]["suspend"] is True, what="RayJob suspended"
+    )
     assert stored_rayjob(apiserver, "toggle")["spec"]["activeDeadlineSeconds"] == 900  # type: ignore[index]
     await set_rayjob_status(apiserver, "toggle", {"jobDeploymentStatus": "Suspended"})
     await eventually(lambda: phase_of(apiserver, "toggle") == "Suspended", what="phase Suspended")
     await apiserver.patch(*JOB, NS, "toggle", {"spec": {"runPolicy": {"suspend": False}}})
-    await eventually(lambda: stored_rayjob(apiserver, "toggle")["spec"]["suspend"] is False, what="RayJob resumed")
+    await eventually(
+        lambda: stored_rayjob(apiserver, "toggle")["spec"]["suspend"] is False, what="RayJob resumed"
+    )
     # Same RayJob, same run: the trainer resumes from its checkpoints.
     assert stored_rayjob(apiserver, "toggle")["metadata"]["name"] == "toggle"  # type: ignore[index]
     assert stored_job(apiserver, "toggle")["status"]["observedGeneration"] == 3  # type: ignore[index]
@@ -65,10 +75,15 @@ async def test_restart_midway_adopts_without_duplicates(apiserver: ApiServer) ->
         await eventually(lambda: phase_of(apiserver, "restart") == "Pending", what="status converges")
     assert _counts(apiserver) == dict.fromkeys(before, 1)
     # Third run over a converged object: nothing is written to the children again.
-    names = {(o["apiVersion"], o["kind"]): o["metadata"]["name"] for o in render(parse_job(tiny_job("restart")))}
+    names = {
+        (o["apiVersion"], o["kind"]): o["metadata"]["name"] for o in render(parse_job(tiny_job("restart")))
+    }
 
     def versions() -> dict[tuple[str, str], str]:
-        return {key: apiserver.stored(*key, NS, name)["metadata"]["resourceVersion"] for key, name in names.items()}  # type: ignore[index]
+        return {
+            key: apiserver.stored(*key, NS, name)["metadata"]["resourceVersion"]
+            for key, name in names.items()
+        }  # type: ignore[index]
 
     before_third = versions()
     with running_operator():
@@ -77,7 +92,9 @@ async def test_restart_midway_adopts_without_duplicates(apiserver: ApiServer) ->
     assert versions() == before_third
 
 
-async def test_injected_500_429_409_on_rayjob_create_are_retried(apiserver: ApiServer, operator: object) -> None:
+async def test_injected_500_429_409_on_rayjob_create_are_retried(
+    apiserver: ApiServer, operator: object
+) -> None:
     apiserver.faults.fail("create", "rayjobs", 500, times=1)
     apiserver.faults.fail("create", "rayjobs", 429, times=1, retry_after=1)
     apiserver.faults.fail("create", "rayjobs", 409, times=1)
@@ -98,7 +115,11 @@ async def test_invalid_spec_creates_nothing(apiserver: ApiServer) -> None:
         await apiserver.create(bad)
         await eventually(lambda: phase_of(apiserver, "contradiction") == "Failed", what="phase Failed")
         warning = await eventually(
-            lambda: [e for e in events_for(apiserver, "contradiction") if e["type"] == "Warning" and e["reason"] == "InvalidSpec"],
+            lambda: [
+                e
+                for e in events_for(apiserver, "contradiction")
+                if e["type"] == "Warning" and e["reason"] == "InvalidSpec"
+            ],
             what="InvalidSpec warning",
         )
     assert "strategy.deepspeed" in warning[0]["message"]
@@ -115,21 +136,35 @@ def _strip_rules(schema: dict) -> None:
         _strip_rules(schema["items"])
 
 
-async def test_trainer_progress_survives_operator_status_writes(apiserver: ApiServer, operator: object) -> None:
+async def test_trainer_progress_survives_operator_status_writes(
+    apiserver: ApiServer, operator: object
+) -> None:
     await apiserver.create(tiny_job("progress"))
     await eventually(lambda: stored_rayjob(apiserver, "progress"), what="the RayJob")
-    progress = {"step": 40, "totalSteps": 120, "summary": "40/120", "loss": 2.5, "updatedAt": "2026-11-23T10:00:00Z"}
+    progress = {
+        "step": 40,
+        "totalSteps": 120,
+        "summary": "40/120",
+        "loss": 2.5,
+        "updatedAt": "2026-11-23T10:00:00Z",
+    }
     await apiserver.patch_status(*JOB, NS, "progress", {"status": {"progress": progress}})
     for deployment in ("Initializing", "Running"):
         await set_rayjob_status(apiserver, "progress", {"jobDeploymentStatus": deployment})
-        await eventually(lambda d=deployment: phase_of(apiserver, "progress") == {"Initializing": "Initializing", "Running": "Running"}[d])
+        await eventually(
+            lambda d=deployment: (
+                phase_of(apiserver, "progress") == {"Initializing": "Initializing", "Running": "Running"}[d]
+            )
+        )
     await apiserver.patch(*JOB, NS, "progress", {"spec": {"runPolicy": {"ttlSecondsAfterFinished": 5}}})
     await eventually(lambda: stored_rayjob(apiserver, "progress")["spec"]["ttlSecondsAfterFinished"] == 5)
     await eventually(lambda: stored_job(apiserver, "progress")["status"]["observedGeneration"] == 2)
     assert stored_job(apiserver, "progress")["status"]["progress"] == progress  # type: ignore[index]
 
 
-async def test_existing_orphan_children_are_adopted_and_resynced(apiserver: ApiServer, operator: object) -> None:
+async def test_existing_orphan_children_are_adopted_and_resynced(
+    apiserver: ApiServer, operator: object
+) -> None:
     doc = tiny_job("adopt")
     stale = {o["kind"]: o for o in render(parse_job(doc))}
     for kind in ("ServiceAccount", "ConfigMap", "Role", "RoleBinding"):
@@ -157,12 +192,22 @@ async def test_existing_orphan_children_are_adopted_and_resynced(apiserver: ApiS
         assert len(apiserver.stored_items(want["apiVersion"], kind, NS)) == 1
 
 
-async def test_child_owned_by_another_controller_fails_clearly(apiserver: ApiServer, operator: object) -> None:
+async def test_child_owned_by_another_controller_fails_clearly(
+    apiserver: ApiServer, operator: object
+) -> None:
     doc = tiny_job("taken")
     configmap = next(o for o in render(parse_job(doc)) if o["kind"] == "ConfigMap")
-    other = await apiserver.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "someone", "namespace": NS}})
+    other = await apiserver.create(
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "someone", "namespace": NS}}
+    )
     configmap["metadata"]["ownerReferences"] = [
-        {"apiVersion": "v1", "kind": "ConfigMap", "name": "someone", "uid": other["metadata"]["uid"], "controller": True}
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "name": "someone",
+            "uid": other["metadata"]["uid"],
+            "controller": True,
+        }
     ]
     await apiserver.create(configmap)
     await apiserver.create(doc)
@@ -172,12 +217,16 @@ async def test_child_owned_by_another_controller_fails_clearly(apiserver: ApiSer
     assert stored_rayjob(apiserver, "taken") is None
 
 
-async def test_failure_message_carries_the_trainers_root_cause(apiserver: ApiServer, operator: object) -> None:
+async def test_failure_message_carries_the_trainers_root_cause(
+    apiserver: ApiServer, operator: object
+) -> None:
     await apiserver.create(tiny_job("oom"))
     await eventually(lambda: stored_rayjob(apiserver, "oom"), what="the RayJob")
     error = "OutOfMemoryError on rank 3: CUDA out of memory. Tried to allocate 2.00 GiB"
     await apiserver.patch_status(*JOB, NS, "oom", {"status": {"progress": {"step": 7, "error": error}}})
-    await set_rayjob_status(apiserver, "oom", {"jobDeploymentStatus": "Failed", "reason": "AppFailed", "message": "exit code 1"})
+    await set_rayjob_status(
+        apiserver, "oom", {"jobDeploymentStatus": "Failed", "reason": "AppFailed", "message": "exit code 1"}
+    )
     await eventually(lambda: phase_of(apiserver, "oom") == "Failed", what="Failed")
     status = stored_job(apiserver, "oom")["status"]  # type: ignore[index]
     assert status["message"] == f"the training application failed: exit code 1; trainer reported: {error}"

@@ -24,15 +24,32 @@ async def _started(apiserver: ApiServer, name: str) -> None:
 
 async def test_walk_initializing_running_complete(apiserver: ApiServer, operator: object) -> None:
     await _started(apiserver, "walk")
-    await set_rayjob_status(apiserver, "walk", {"jobDeploymentStatus": "Initializing", "startTime": "2026-11-23T10:00:00Z",
-                                                "rayClusterName": "walk-x7k2p"})
+    await set_rayjob_status(
+        apiserver,
+        "walk",
+        {
+            "jobDeploymentStatus": "Initializing",
+            "startTime": "2026-11-23T10:00:00Z",
+            "rayClusterName": "walk-x7k2p",
+        },
+    )
     await eventually(lambda: phase_of(apiserver, "walk") == "Initializing", what="Initializing")
-    await set_rayjob_status(apiserver, "walk", {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING",
-                                                "dashboardURL": "walk-x7k2p-head-svc.default.svc.cluster.local:8265"})
+    await set_rayjob_status(
+        apiserver,
+        "walk",
+        {
+            "jobDeploymentStatus": "Running",
+            "jobStatus": "RUNNING",
+            "dashboardURL": "walk-x7k2p-head-svc.default.svc.cluster.local:8265",
+        },
+    )
     await eventually(lambda: phase_of(apiserver, "walk") == "Running", what="Running")
     running_since = conditions_of(apiserver, "walk")["Running"]["lastTransitionTime"]
-    await set_rayjob_status(apiserver, "walk", {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED",
-                                                "endTime": "2026-11-23T11:00:00Z"})
+    await set_rayjob_status(
+        apiserver,
+        "walk",
+        {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED", "endTime": "2026-11-23T11:00:00Z"},
+    )
     await eventually(lambda: phase_of(apiserver, "walk") == "Succeeded", what="Succeeded")
     status = stored_job(apiserver, "walk")["status"]  # type: ignore[index]
     assert status["rayJobName"] == "walk"
@@ -47,8 +64,11 @@ async def test_walk_initializing_running_complete(apiserver: ApiServer, operator
     assert conds["Running"]["lastTransitionTime"] >= running_since
     assert conds["Failed"]["status"] == "False"
     reasons = await eventually(
-        lambda: {e["reason"] for e in events_for(apiserver, "walk")} >= {"RayClusterStarting", "Training", "Completed"}
-        and {e["reason"] for e in events_for(apiserver, "walk")},
+        lambda: (
+            {e["reason"] for e in events_for(apiserver, "walk")}
+            >= {"RayClusterStarting", "Training", "Completed"}
+            and {e["reason"] for e in events_for(apiserver, "walk")}
+        ),
         what="transition events",
     )
     assert "Created" in reasons
@@ -57,20 +77,35 @@ async def test_walk_initializing_running_complete(apiserver: ApiServer, operator
 @pytest.mark.parametrize(
     ("rayjob_status", "reason"),
     [
-        ({"jobDeploymentStatus": "Failed", "reason": "AppFailed", "jobStatus": "FAILED", "message": "exit 1"}, "AppFailed"),
+        (
+            {
+                "jobDeploymentStatus": "Failed",
+                "reason": "AppFailed",
+                "jobStatus": "FAILED",
+                "message": "exit 1",
+            },
+            "AppFailed",
+        ),
         ({"jobDeploymentStatus": "ValidationFailed", "reason": "ValidationFailed"}, "ValidationFailed"),
-        ({"jobDeploymentStatus": "Failed", "reason": "DeadlineExceeded", "jobStatus": "RUNNING"}, "DeadlineExceeded"),
+        (
+            {"jobDeploymentStatus": "Failed", "reason": "DeadlineExceeded", "jobStatus": "RUNNING"},
+            "DeadlineExceeded",
+        ),
     ],
     ids=["app-failed", "validation-failed", "deadline-exceeded"],
 )
-async def test_failure_paths(apiserver: ApiServer, operator: object, rayjob_status: dict, reason: str) -> None:
+async def test_failure_paths(
+    apiserver: ApiServer, operator: object, rayjob_status: dict, reason: str
+) -> None:
     await _started(apiserver, "broken")
     await set_rayjob_status(apiserver, "broken", rayjob_status)
     await eventually(lambda: phase_of(apiserver, "broken") == "Failed", what="Failed")
     conds = conditions_of(apiserver, "broken")
     assert conds["Failed"]["status"] == "True" and conds["Failed"]["reason"] == reason
     warnings = await eventually(
-        lambda: [e for e in events_for(apiserver, "broken") if e["type"] == "Warning" and e["reason"] == reason],
+        lambda: [
+            e for e in events_for(apiserver, "broken") if e["type"] == "Warning" and e["reason"] == reason
+        ],
         what="a Warning event",
     )
     assert warnings
@@ -81,7 +116,9 @@ async def test_retrying_counts_retries(apiserver: ApiServer, operator: object) -
     await set_rayjob_status(apiserver, "flaky", {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"})
     await eventually(lambda: phase_of(apiserver, "flaky") == "Running", what="Running")
     await set_rayjob_status(apiserver, "flaky", {"jobDeploymentStatus": "Retrying", "failed": 1})
-    await eventually(lambda: conditions_of(apiserver, "flaky")["Running"]["status"] == "False", what="retrying")
+    await eventually(
+        lambda: conditions_of(apiserver, "flaky")["Running"]["status"] == "False", what="retrying"
+    )
     status = stored_job(apiserver, "flaky")["status"]  # type: ignore[index]
     assert status["phase"] == "Initializing" and status["retries"] == 1
     assert "resumes from the latest checkpoint" in status["message"]

@@ -4,6 +4,7 @@ operator declares was needed by at least one scenario, so the chart grants nothi
 from __future__ import annotations
 
 from llmtrain.operator.permissions import OPERATOR_PERMISSIONS
+
 from tests.integration.operator.conftest import SEEN_CALLS
 
 # Used in production but not reachable in the emulator: Kopf posts Events through core/v1 only;

@@ -8,6 +8,7 @@ import time
 
 from llmtrain_trainer.kube_progress import ApiTarget, KubernetesProgressSink
 from llmtrain_trainer.metrics import MetricsRecord
+
 from tests.support.apiserver.server import ApiServer
 from tests.support.jobs import minimal_job
 
@@ -17,7 +18,9 @@ STATUS_RESOURCE = "llmtrainingjobs/status"
 
 async def _job(apiserver: ApiServer, name: str) -> None:
     await apiserver.create(minimal_job(name))
-    await apiserver.patch_status(*JOB, "default", name, {"status": {"phase": "Running", "message": "operator-owned"}})
+    await apiserver.patch_status(
+        *JOB, "default", name, {"status": {"phase": "Running", "message": "operator-owned"}}
+    )
 
 
 def _sink(apiserver: ApiServer, name: str, interval: float) -> KubernetesProgressSink:
@@ -25,8 +28,17 @@ def _sink(apiserver: ApiServer, name: str, interval: float) -> KubernetesProgres
 
 
 def _step(step: int, loss: float, event: str = "step", path: str | None = None) -> MetricsRecord:
-    return MetricsRecord(event=event, step=step, total_steps=100, loss=loss, learning_rate=1e-3,  # type: ignore[arg-type]
-                         tokens_per_second=1234.5, eta_seconds=60.0, epoch=0, path=path)
+    return MetricsRecord(
+        event=event,
+        step=step,
+        total_steps=100,
+        loss=loss,
+        learning_rate=1e-3,  # type: ignore[arg-type]
+        tokens_per_second=1234.5,
+        eta_seconds=60.0,
+        epoch=0,
+        path=path,
+    )
 
 
 def _progress(apiserver: ApiServer, name: str) -> dict:
@@ -41,10 +53,16 @@ async def _until(check, timeout: float = 10) -> None:  # type: ignore[no-untyped
 
 
 def _status_patches(apiserver: ApiServer, name: str) -> list:
-    return [r for r in apiserver.emulator._requests
-            if r.resource is not None and r.resource.plural == "llmtrainingjobs" and r.name == name
-            and r.subresource == "status" and r.method.value == "PATCH"
-            and not r.headers.get("User-Agent", "").startswith("Python/3")]
+    return [
+        r
+        for r in apiserver.requests()
+        if r.resource is not None
+        and r.resource.plural == "llmtrainingjobs"
+        and r.name == name
+        and r.subresource == "status"
+        and r.method.value == "PATCH"
+        and not r.headers.get("User-Agent", "").startswith("Python/3")
+    ]
 
 
 async def test_patches_land_in_status_progress_only(apiserver: ApiServer) -> None:
@@ -57,12 +75,17 @@ async def test_patches_land_in_status_progress_only(apiserver: ApiServer) -> Non
     progress = _progress(apiserver, "lands")
     assert progress["summary"] == "20/100" and progress["totalSteps"] == 100
     assert progress["loss"] == 2.0 and progress["tokensPerSecond"] == 1234.5 and progress["etaSeconds"] == 60
-    assert progress["lastCheckpoint"] == {"path": "/mnt/llmtrain/runs/default/lands/checkpoint_000001", "step": 20}
+    assert progress["lastCheckpoint"] == {
+        "path": "/mnt/llmtrain/runs/default/lands/checkpoint_000001",
+        "step": 20,
+    }
     assert progress["updatedAt"].endswith("Z")
     status = apiserver.stored(*JOB, "default", "lands")["status"]  # type: ignore[index]
     assert status["phase"] == "Running" and status["message"] == "operator-owned"
     # Only PATCHes of this job's status: exactly what the per-job Role grants.
-    assert {(r.method.value, r.subresource) for r in _status_patches(apiserver, "lands")} == {("PATCH", "status")}
+    assert {(r.method.value, r.subresource) for r in _status_patches(apiserver, "lands")} == {
+        ("PATCH", "status")
+    }
 
 
 async def test_rate_limited_to_the_interval_newest_state_wins(apiserver: ApiServer) -> None:
@@ -86,7 +109,9 @@ async def test_checkpoint_is_reported_at_once_despite_the_interval(apiserver: Ap
     sink.emit(_step(1, 3.0))
     await _until(lambda: _progress(apiserver, "urgent").get("step") == 1)
     sink.emit(_step(40, 2.0, event="checkpoint", path="/ckpt/40"))
-    await _until(lambda: _progress(apiserver, "urgent").get("lastCheckpoint", {}).get("step") == 40, timeout=5)
+    await _until(
+        lambda: _progress(apiserver, "urgent").get("lastCheckpoint", {}).get("step") == 40, timeout=5
+    )
     await asyncio.to_thread(sink.close)
 
 
@@ -121,7 +146,9 @@ async def test_never_blocks_the_training_loop(apiserver: ApiServer) -> None:
 
 
 async def test_unreachable_server_is_dropped_silently(apiserver: ApiServer) -> None:
-    sink = KubernetesProgressSink(ApiTarget("http://127.0.0.1:9", None, None), "default", "nobody", interval=0.05)
+    sink = KubernetesProgressSink(
+        ApiTarget("http://127.0.0.1:9", None, None), "default", "nobody", interval=0.05
+    )
     for step in range(20):
         sink.emit(_step(step, 1.0))
     await asyncio.to_thread(sink.close, 1.0)

@@ -10,11 +10,15 @@ value; a failed rule reports `message`, else the result of `messageExpression`, 
 from __future__ import annotations
 
 import functools
+import logging
 import re
 from typing import Any
 
 import celpy
 from celpy import celtypes
+from celpy.adapter import json_to_cel
+from celpy.celparser import CELParseError
+from celpy.evaluation import CELEvalError
 
 from tests.support.apiserver.errors import FieldError
 
@@ -24,6 +28,8 @@ MISSING: Any = object()  # "no correlated old value"; distinct from a stored nul
 _OLD_SELF = re.compile(r"\boldSelf\b")
 _FIELD_PATH_PART = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\['([^']*)'\]")
 _ENV = celpy.Environment()
+# celpy logs every evaluation step at DEBUG with huge reprs; `kopf run --verbose` would drown in them.
+logging.getLogger("celpy").setLevel(logging.WARNING)
 
 
 @functools.cache
@@ -45,7 +51,7 @@ def compile_errors(schema: Schema, path: str) -> list[FieldError]:
                     continue
                 try:
                     program(rule[key])
-                except celpy.CELParseError as e:
+                except CELParseError as e:
                     errors.append(
                         FieldError.invalid(
                             f"{where}.x-kubernetes-validations[{index}].{key}",
@@ -89,11 +95,11 @@ def check(
 def _evaluate(text: str, activation: dict[str, Any]) -> Any:
     try:
         result = program(text).evaluate(activation)
-    except celpy.CELEvalError as e:
+    except CELEvalError as e:
         return e
     except Exception as e:  # celpy raises plain TypeErrors for some overload mismatches
-        return celpy.CELEvalError(f"{type(e).__name__}: {e}")
-    if isinstance(result, celpy.CELEvalError):
+        return CELEvalError(f"{type(e).__name__}: {e}")
+    if isinstance(result, CELEvalError):
         return result
     return bool(result) if isinstance(result, celtypes.BoolType) else result
 
@@ -103,7 +109,7 @@ def _message(rule: dict[str, Any], activation: dict[str, Any]) -> str | None:
         return str(rule["message"])
     if rule.get("messageExpression"):
         result = _evaluate(rule["messageExpression"], activation)
-        if isinstance(result, celtypes.StringType) and str(result).strip():
+        if isinstance(result, str) and result.strip():
             return str(result)
     return None
 
@@ -139,4 +145,4 @@ def to_cel(value: Any, schema: Schema | None) -> Any:
         return celtypes.ListType([to_cel(v, schema.get("items")) for v in value])
     if schema.get("type") == "number" and isinstance(value, int) and not isinstance(value, bool):
         return celtypes.DoubleType(float(value))
-    return celpy.json_to_cel(value)
+    return json_to_cel(value)

@@ -84,24 +84,25 @@ class Registry:
         return iter(list(self._types.values()))
 
     def load_builtins(self) -> None:
+        """Serve kmock's bundled builtins (a k3s cluster's resources), each with all its versions."""
         bundled = kmock.ResourcesArray()
         bundled.load_bundled()
+        versions: dict[tuple[str, str], list[str]] = {}
         for res in bundled:
+            versions.setdefault((res.group or "", res.plural or ""), []).append(res.version or "")
+        for res in bundled:
+            served = sorted(versions[res.group or "", res.plural or ""], key=version_priority)
+            if res.version != served[0]:
+                continue  # described once, by its preferred (and storage) version
             info = bundled[res]
-            assert res.group is not None and res.version is not None and res.plural is not None
-            known = self._types.get((res.group, res.plural))
-            if known is not None:
-                known.versions = sorted({*known.versions, res.version}, key=version_priority)
-                known.storage_version = known.versions[0]
-                continue
             self.add(
                 ResourceType(
-                    group=res.group,
-                    plural=res.plural,
-                    kind=info.kind or res.plural,
+                    group=res.group or "",
+                    plural=res.plural or "",
+                    kind=info.kind or res.plural or "",
                     namespaced=bool(info.namespaced),
-                    versions=[res.version],
-                    storage_version=res.version,
+                    versions=served,
+                    storage_version=served[0],
                     singular=info.singular or "",
                     verbs=set(info.verbs),
                     subresources=set(info.subresources),
@@ -124,11 +125,11 @@ class Registry:
                 categories=rt.categories,
             )
 
-    def remove(self, key: tuple[str, str]) -> ResourceType | None:
+    def remove(self, key: tuple[str, str]) -> None:
         rt = self._types.pop(key, None)
-        for version in rt.versions if rt else ():
-            del self._discovery[kmock.resource(rt.group, version, rt.plural)]  # type: ignore[union-attr]
-        return rt
+        if rt is not None:
+            for version in rt.versions:
+                del self._discovery[kmock.resource(rt.group, version, rt.plural)]
 
     def get(self, group: str, plural: str, version: str | None = None) -> ResourceType | None:
         rt = self._types.get((group, plural))
@@ -143,9 +144,6 @@ class Registry:
             if rt.group == group and version in rt.versions and kind_or_plural in (rt.kind, rt.plural):
                 return rt
         raise LookupError(f"the server does not serve {kind_or_plural!r} in {api_version!r}")
-
-    def by_crd(self, crd_name: str) -> ResourceType | None:
-        return next((rt for rt in self._types.values() if rt.crd_name == crd_name), None)
 
 
 def resource_type_from_crd(crd: dict[str, Any]) -> ResourceType:

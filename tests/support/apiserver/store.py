@@ -52,8 +52,10 @@ class Store:
     # -- reads -------------------------------------------------------------------------------------
 
     def get(self, rt: ResourceType, namespace: str | None, name: str) -> Obj | None:
-        obj = self.objects._objects.get((rt.storage_key(), namespace, name))
-        return None if obj is None or obj.deleted else obj.raw
+        key = (rt.storage_key(), namespace, name)
+        if key not in self.objects or self.objects[key].deleted:
+            return None
+        return self.objects[key].raw
 
     def items(self, rt: ResourceType, namespace: str | None = None) -> list[Obj]:
         """Live objects of a resource (optionally of one namespace), in etcd's key order."""
@@ -117,6 +119,8 @@ class Store:
         marked = {**obj, "metadata": {**meta, "deletionTimestamp": now(), "deletionGracePeriodSeconds": 0}}
         if finalizers:
             marked["metadata"]["finalizers"] = finalizers
+        if meta.get("generation"):  # the server counts the start of a deletion as a new generation
+            marked["metadata"]["generation"] = meta["generation"] + 1
         if rt.key == NAMESPACES:
             marked["status"] = {**(obj.get("status") or {}), "phase": "Terminating"}
         result = self.update(rt, obj, marked)
