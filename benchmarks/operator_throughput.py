@@ -61,8 +61,20 @@ async def run(jobs: int, concurrency: int, namespace: str, workers: int) -> str:
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "LLMTRAIN_OPERATOR_WORKERS": str(workers)}
     env.pop("KUBERNETES_SERVICE_HOST", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "llmtrain.cli", "operator", "--namespace", namespace, "--liveness-port", "0",
-         "--metrics-port", "0", "--log-level", os.environ.get("BENCH_LOG_LEVEL", "warning")],
+        [
+            sys.executable,
+            "-m",
+            "llmtrain.cli",
+            "operator",
+            "--namespace",
+            namespace,
+            "--liveness-port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--log-level",
+            os.environ.get("BENCH_LOG_LEVEL", "warning"),
+        ],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=open(tmp / "operator.log", "w"),  # noqa: SIM115
@@ -115,8 +127,11 @@ async def run(jobs: int, concurrency: int, namespace: str, workers: int) -> str:
         p50 = statistics.median(latencies)
         p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
         rss = peak_rss_mb(proc.pid)
-        print(f"operator cpu_s={cpu_seconds(proc.pid):.1f} wall_s={total:.1f} "
-              f"server+client cpu_s={time.process_time():.1f}", flush=True)
+        print(
+            f"operator cpu_s={cpu_seconds(proc.pid):.1f} wall_s={total:.1f} "
+            f"server+client cpu_s={time.process_time():.1f}",
+            flush=True,
+        )
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -10,10 +10,10 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-
 from llmtrain.api import cel
 from llmtrain.api.crd import openapi_schema
 from llmtrain.cli import main
+
 from tests.support.jobs import minimal_job, with_path
 from tests.support.schema import validate_strict
 
@@ -27,10 +27,30 @@ def spec(path: str, value: Any) -> dict[str, Any]:
 # (id, document, text the error must contain (the field), caught by the CRD too?)
 BAD: list[tuple[str, dict[str, Any], str, bool]] = [
     ("unknown-strategy", spec("strategy", {"type": "megatron"}), "strategy.type", True),
-    ("zero-stage-with-fsdp", spec("strategy", {"type": "fsdp", "deepspeed": {"zeroStage": 2}}), "strategy.deepspeed", True),
-    ("fsdp-block-with-deepspeed", spec("strategy", {"type": "deepspeed", "fsdp": {"cpuOffload": True}}), "strategy.fsdp", True),
-    ("zero-stage-4", spec("strategy", {"type": "deepspeed", "deepspeed": {"zeroStage": 4}}), "zeroStage", True),
-    ("offload-params-stage-2", spec("strategy", {"type": "deepspeed", "deepspeed": {"zeroStage": 2, "offloadParams": True}}), "offloadParams", True),
+    (
+        "zero-stage-with-fsdp",
+        spec("strategy", {"type": "fsdp", "deepspeed": {"zeroStage": 2}}),
+        "strategy.deepspeed",
+        True,
+    ),
+    (
+        "fsdp-block-with-deepspeed",
+        spec("strategy", {"type": "deepspeed", "fsdp": {"cpuOffload": True}}),
+        "strategy.fsdp",
+        True,
+    ),
+    (
+        "zero-stage-4",
+        spec("strategy", {"type": "deepspeed", "deepspeed": {"zeroStage": 4}}),
+        "zeroStage",
+        True,
+    ),
+    (
+        "offload-params-stage-2",
+        spec("strategy", {"type": "deepspeed", "deepspeed": {"zeroStage": 2, "offloadParams": True}}),
+        "offloadParams",
+        True,
+    ),
     ("both-storage-choices", spec("storage", {"claimName": "x", "create": {"size": "1Gi"}}), "storage", True),
     ("no-storage-choice", spec("storage", {"mountPath": "/data"}), "storage", True),
     ("storage-missing", spec("storage", None), "storage", True),
@@ -41,16 +61,46 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
     ("bad-memory-quantity", spec("resources", {"memory": "64GB"}), "resources.memory", True),
     ("bad-shm-quantity", spec("resources", {"sharedMemory": "-"}), "resources.sharedMemory", True),
     ("bad-pvc-size", spec("storage", {"create": {"size": "big"}}), "storage.create.size", True),
-    ("pvc-size-missing", spec("storage", {"create": {"storageClassName": "rwx"}}), "storage.create.size", True),
-    ("bad-access-mode", spec("storage", {"create": {"size": "1Gi", "accessModes": ["ReadWriteSometimes"]}}), "accessModes", True),
-    ("relative-mount-path", spec("storage", {"claimName": "x", "mountPath": "data"}), "storage.mountPath", True),
+    (
+        "pvc-size-missing",
+        spec("storage", {"create": {"storageClassName": "rwx"}}),
+        "storage.create.size",
+        True,
+    ),
+    (
+        "bad-access-mode",
+        spec("storage", {"create": {"size": "1Gi", "accessModes": ["ReadWriteSometimes"]}}),
+        "accessModes",
+        True,
+    ),
+    (
+        "relative-mount-path",
+        spec("storage", {"claimName": "x", "mountPath": "data"}),
+        "storage.mountPath",
+        True,
+    ),
     ("name-too-long", with_path(BASE, "metadata.name", "a" * 48), "metadata.name", True),
     ("name-not-dns1035", with_path(BASE, "metadata.name", "9lives"), "metadata.name", True),
     ("bad-env-name", spec("network", {"env": [{"name": "1BAD", "value": "x"}]}), "network.env", True),
-    ("env-name-with-dash", spec("network", {"env": [{"name": "NCCL-DEBUG", "value": "x"}]}), "network.env", True),
-    ("reserved-env-name", spec("network", {"env": [{"name": "LLMTRAIN_JOB_NAME", "value": "x"}]}), "network.env", True),
+    (
+        "env-name-with-dash",
+        spec("network", {"env": [{"name": "NCCL-DEBUG", "value": "x"}]}),
+        "network.env",
+        True,
+    ),
+    (
+        "reserved-env-name",
+        spec("network", {"env": [{"name": "LLMTRAIN_JOB_NAME", "value": "x"}]}),
+        "network.env",
+        True,
+    ),
     ("unknown-nccl-profile", spec("network", {"ncclProfile": "token-ring"}), "network.ncclProfile", True),
-    ("fp16-on-cpu", with_path(spec("resources", {"gpusPerWorker": 0}), "spec.training", {"precision": "fp16"}), "training.precision", True),
+    (
+        "fp16-on-cpu",
+        with_path(spec("resources", {"gpusPerWorker": 0}), "spec.training", {"precision": "fp16"}),
+        "training.precision",
+        True,
+    ),
     ("lora-block-with-full", spec("method", {"type": "full", "lora": {"rank": 8}}), "method.lora", True),
     ("unknown-method", spec("method", {"type": "qlora-9000"}), "method.type", True),
     ("lora-rank-zero", spec("method", {"type": "lora", "lora": {"rank": 0}}), "lora.rank", True),
@@ -61,23 +111,62 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
     ("dataset-name-and-path", spec("dataset", {"name": "x", "path": "/d"}), "dataset", True),
     ("unknown-dataset-format", spec("dataset", {"name": "x", "format": "csv"}), "dataset.format", True),
     ("tiny-seq-length", spec("dataset", {"name": "x", "maxSeqLength": 4}), "dataset.maxSeqLength", True),
-    ("validation-split-too-big", spec("dataset", {"name": "x", "validationSplit": 0.9}), "dataset.validationSplit", True),
+    (
+        "validation-split-too-big",
+        spec("dataset", {"name": "x", "validationSplit": 0.9}),
+        "dataset.validationSplit",
+        True,
+    ),
     ("negative-learning-rate", spec("training", {"learningRate": -0.1}), "training.learningRate", True),
     ("zero-learning-rate", spec("training", {"learningRate": 0}), "training.learningRate", True),
     ("unknown-precision", spec("training", {"precision": "fp8"}), "training.precision", True),
     ("unknown-scheduler", spec("training", {"lrScheduler": "exotic"}), "training.lrScheduler", True),
     ("zero-checkpoint-interval", spec("checkpoint", {"everySteps": 0}), "checkpoint.everySteps", True),
     ("negative-retries", spec("runPolicy", {"maxRetries": -1}), "runPolicy.maxRetries", True),
-    ("worker-failures-below-minus-one", spec("runPolicy", {"maxWorkerFailures": -2}), "runPolicy.maxWorkerFailures", True),
-    ("zero-deadline", spec("runPolicy", {"activeDeadlineSeconds": 0}), "runPolicy.activeDeadlineSeconds", True),
+    (
+        "worker-failures-below-minus-one",
+        spec("runPolicy", {"maxWorkerFailures": -2}),
+        "runPolicy.maxWorkerFailures",
+        True,
+    ),
+    (
+        "zero-deadline",
+        spec("runPolicy", {"activeDeadlineSeconds": 0}),
+        "runPolicy.activeDeadlineSeconds",
+        True,
+    ),
     ("bad-queue-name", spec("runPolicy", {"queueName": "Gpu Queue"}), "runPolicy.queueName", True),
     ("unknown-spec-field", spec("learningRate", 0.1), "spec.learningRate", True),
     ("unknown-nested-field", spec("training", {"learning_rate": 0.1}), "training.learning_rate", True),
     ("gpus-too-many", spec("resources", {"gpusPerWorker": 64}), "resources.gpusPerWorker", True),
-    ("bad-gpu-resource-name", spec("resources", {"gpuResourceName": "nvidia gpu"}), "resources.gpuResourceName", True),
-    ("bad-toleration-operator", spec("resources", {"tolerations": [{"key": "a", "operator": "Maybe"}]}), "tolerations", True),
-    ("secret-ref-without-key", spec("model", {"name": "x", "hfTokenSecretRef": {"name": "hf"}}), "hfTokenSecretRef.key", True),
-    ("offload-optimizer-on-cpu", with_path(spec("strategy", {"type": "deepspeed", "deepspeed": {"offloadOptimizer": True}}), "spec.resources", {"gpusPerWorker": 0}), "offloadOptimizer", True),
+    (
+        "bad-gpu-resource-name",
+        spec("resources", {"gpuResourceName": "nvidia gpu"}),
+        "resources.gpuResourceName",
+        True,
+    ),
+    (
+        "bad-toleration-operator",
+        spec("resources", {"tolerations": [{"key": "a", "operator": "Maybe"}]}),
+        "tolerations",
+        True,
+    ),
+    (
+        "secret-ref-without-key",
+        spec("model", {"name": "x", "hfTokenSecretRef": {"name": "hf"}}),
+        "hfTokenSecretRef.key",
+        True,
+    ),
+    (
+        "offload-optimizer-on-cpu",
+        with_path(
+            spec("strategy", {"type": "deepspeed", "deepspeed": {"offloadOptimizer": True}}),
+            "spec.resources",
+            {"gpusPerWorker": 0},
+        ),
+        "offloadOptimizer",
+        True,
+    ),
 ]
 
 

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
 from llmtrain.api.cel import evaluate_rule
 from llmtrain.api.crd import openapi_schema
 
@@ -35,7 +34,9 @@ CASES: dict[str, list[tuple[Any, Any, Any]]] = {
     "!has(self.deepspeed) || self.type == 'deepspeed'": [
         ({"type": "deepspeed", "deepspeed": {}}, {"type": "fsdp", "deepspeed": {}}, None),
     ],
-    "!has(self.fsdp) || self.type == 'fsdp'": [({"type": "fsdp", "fsdp": {}}, {"type": "ddp", "fsdp": {}}, None)],
+    "!has(self.fsdp) || self.type == 'fsdp'": [
+        ({"type": "fsdp", "fsdp": {}}, {"type": "ddp", "fsdp": {}}, None)
+    ],
     "has(self.claimName) != has(self.create)": [
         ({"claimName": "c"}, {"claimName": "c", "create": {"size": "1Gi"}}, None),
         ({"create": {"size": "1Gi"}}, {"mountPath": "/x"}, None),
@@ -54,12 +55,20 @@ CASES: dict[str, list[tuple[Any, Any, Any]]] = {
     "self.strategy.type != 'deepspeed' || !has(self.strategy.deepspeed) || "
     "!self.strategy.deepspeed.offloadOptimizer || self.resources.gpusPerWorker > 0": [
         (
-            {"strategy": {"type": "deepspeed", "deepspeed": {"offloadOptimizer": True}}, "resources": {"gpusPerWorker": 8}},
-            {"strategy": {"type": "deepspeed", "deepspeed": {"offloadOptimizer": True}}, "resources": {"gpusPerWorker": 0}},
+            {
+                "strategy": {"type": "deepspeed", "deepspeed": {"offloadOptimizer": True}},
+                "resources": {"gpusPerWorker": 8},
+            },
+            {
+                "strategy": {"type": "deepspeed", "deepspeed": {"offloadOptimizer": True}},
+                "resources": {"gpusPerWorker": 0},
+            },
             None,
         ),
     ],
-    "self.metadata.name.size() <= 47": [({"metadata": {"name": "a" * 47}}, {"metadata": {"name": "a" * 48}}, None)],
+    "self.metadata.name.size() <= 47": [
+        ({"metadata": {"name": "a" * 47}}, {"metadata": {"name": "a" * 48}}, None)
+    ],
     "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')": [
         ({"metadata": {"name": "job-1"}}, {"metadata": {"name": "Job_1"}}, None),
     ],
@@ -108,8 +117,20 @@ def test_rule_passes_and_fails(rule: str, good: Any, bad: Any, old: Any) -> None
 
 def test_immutable_fields_and_mutable_ones() -> None:
     spec = openapi_schema()["properties"]["spec"]["properties"]
-    immutable = {k for k, v in spec.items() if SELF_EQ in [r["rule"] for r in v.get("x-kubernetes-validations", [])]}
-    assert immutable == {"model", "dataset", "method", "strategy", "training", "checkpoint", "resources", "storage", "network"}
+    immutable = {
+        k for k, v in spec.items() if SELF_EQ in [r["rule"] for r in v.get("x-kubernetes-validations", [])]
+    }
+    assert immutable == {
+        "model",
+        "dataset",
+        "method",
+        "strategy",
+        "training",
+        "checkpoint",
+        "resources",
+        "storage",
+        "network",
+    }
     policy = spec["runPolicy"]["properties"]
     for mutable in ("suspend", "ttlSecondsAfterFinished", "activeDeadlineSeconds"):
         assert "x-kubernetes-validations" not in policy[mutable]

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from llmtrain.api.crd import crd_yaml
 from llmtrain.cli import main
+
 from tests.support.jobs import REPO_ROOT, minimal_job
 
 LLMTRAIN = [sys.executable, "-m", "llmtrain.cli"]
@@ -19,18 +19,28 @@ LLMTRAIN = [sys.executable, "-m", "llmtrain.cli"]
 
 def test_render_example_as_yaml_through_the_console_script() -> None:
     out = subprocess.run(
-        [*LLMTRAIN, "render", "examples/llama3-8b-fsdp.yaml"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+        [*LLMTRAIN, "render", "examples/llama3-8b-fsdp.yaml"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     kinds = [d["kind"] for d in yaml.safe_load_all(out) if d]
     assert kinds == ["ServiceAccount", "Role", "RoleBinding", "PersistentVolumeClaim", "ConfigMap", "RayJob"]
 
 
 def test_render_json_list_and_trainer_image(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["render", str(REPO_ROOT / "examples/tiny-cpu.yaml"), "-o", "json", "--trainer-image", "r/t:9"]) == 0
+    assert (
+        main(["render", str(REPO_ROOT / "examples/tiny-cpu.yaml"), "-o", "json", "--trainer-image", "r/t:9"])
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)
     assert doc["kind"] == "List"
     rayjob = doc["items"][-1]
-    assert rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] == "r/t:9"
+    assert (
+        rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
+        == "r/t:9"
+    )
 
 
 def test_render_invalid_file_fails_without_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -45,15 +55,20 @@ def test_render_invalid_file_fails_without_output(tmp_path: Path, capsys: pytest
 def test_validate_several_files_and_stdin(tmp_path: Path) -> None:
     good = tmp_path / "good.yaml"
     good.write_text(yaml.safe_dump(minimal_job()))
-    ok = subprocess.run([*LLMTRAIN, "validate", str(good), *map(str, (REPO_ROOT / "examples").glob("*.yaml"))],
-                        capture_output=True, text=True)
+    ok = subprocess.run(
+        [*LLMTRAIN, "validate", str(good), *map(str, (REPO_ROOT / "examples").glob("*.yaml"))],
+        capture_output=True,
+        text=True,
+    )
     assert ok.returncode == 0, ok.stderr
     bad = yaml.safe_dump(minimal_job(resources={"workers": 0, "cpu": "x"}))
     res = subprocess.run([*LLMTRAIN, "validate", "-"], input=bad, capture_output=True, text=True)
     assert res.returncode == 1
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 2
-    assert any("resources.workers" in line for line in lines) and any("resources.cpu" in line for line in lines)
+    assert any("resources.workers" in line for line in lines) and any(
+        "resources.cpu" in line for line in lines
+    )
 
 
 def test_validate_unreadable_and_empty_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,9 +7,10 @@ from typing import Any
 
 import kubernetes_validate
 import yaml
-
 from llmtrain.api.crd import CRD_FILENAME, crd, crd_yaml
-from llmtrain.generate import generated_files, main as generate_main
+from llmtrain.generate import generated_files
+from llmtrain.generate import main as generate_main
+
 from tests.support.jobs import REPO_ROOT
 
 
@@ -34,7 +35,9 @@ def _schema() -> dict[str, Any]:
 
 
 def test_committed_generated_files_match_make_generate() -> None:
-    stale = [str(p) for p, text in generated_files(REPO_ROOT).items() if not p.exists() or p.read_text() != text]
+    stale = [
+        str(p) for p, text in generated_files(REPO_ROOT).items() if not p.exists() or p.read_text() != text
+    ]
     assert not stale, f"run `make generate`: stale {stale}"
     assert generate_main(["--root", str(REPO_ROOT), "--check"]) == 0
 
@@ -59,7 +62,9 @@ def test_every_field_has_a_description_for_kubectl_explain() -> None:
     undocumented = [
         path
         for path, node in _nodes(_schema())
-        if path.startswith((".spec", ".status")) and not path.endswith(("[]", "[*]")) and not node.get("description")
+        if path.startswith((".spec", ".status"))
+        and not path.endswith(("[]", "[*]"))
+        and not node.get("description")
     ]
     assert not undocumented
 
@@ -74,7 +79,11 @@ def test_names_categories_subresource_and_columns() -> None:
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
     for name in ("Phase", "Strategy", "Workers", "GPUs", "Progress", "Loss", "Age"):
         assert name in columns and columns[name].get("priority", 0) == 0
-    assert all(c.get("priority") == 1 for n, c in columns.items() if n not in {"Phase", "Strategy", "Workers", "GPUs", "Progress", "Loss", "Age"})
+    assert all(
+        c.get("priority") == 1
+        for n, c in columns.items()
+        if n not in {"Phase", "Strategy", "Workers", "GPUs", "Progress", "Loss", "Age"}
+    )
     assert columns["Progress"]["jsonPath"] == ".status.progress.summary"
 
 
@@ -87,7 +96,9 @@ def test_defaults_enums_and_bounds_come_from_the_models() -> None:
     assert spec["resources"]["properties"]["gpuResourceName"]["default"] == "nvidia.com/gpu"
     lr = spec["training"]["properties"]["learningRate"]
     assert lr["minimum"] == 0 and lr["exclusiveMinimum"] is True
-    assert spec["storage"]["properties"]["create"]["properties"]["accessModes"]["default"] == ["ReadWriteMany"]
+    assert spec["storage"]["properties"]["create"]["properties"]["accessModes"]["default"] == [
+        "ReadWriteMany"
+    ]
     assert spec["resources"]["default"] == {}
 
 
@@ -95,8 +106,16 @@ def test_status_keeps_kopf_bookkeeping_and_progress() -> None:
     status = _schema()["properties"]["status"]["properties"]
     assert status["kopf"]["x-kubernetes-preserve-unknown-fields"] is True
     assert set(status["progress"]["properties"]) >= {
-        "step", "totalSteps", "epoch", "loss", "learningRate", "tokensPerSecond", "mfu",
-        "etaSeconds", "lastCheckpoint", "updatedAt",
+        "step",
+        "totalSteps",
+        "epoch",
+        "loss",
+        "learningRate",
+        "tokensPerSecond",
+        "mfu",
+        "etaSeconds",
+        "lastCheckpoint",
+        "updatedAt",
     }
     assert status["conditions"]["items"]["required"] == ["type", "status", "lastTransitionTime", "reason"]
 

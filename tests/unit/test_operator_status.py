@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from llmtrain.operator.children import drift_patch
 from llmtrain.operator.status import (
     CONDITION_TYPES,
@@ -26,11 +25,23 @@ from llmtrain.operator.status import (
         ({"jobDeploymentStatus": "Suspended"}, "Suspended", "Suspended"),
         ({"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}, "Succeeded", "Completed"),
         ({"jobDeploymentStatus": "Complete", "jobStatus": "STOPPED"}, "Failed", "Stopped"),
-        ({"jobDeploymentStatus": "Failed", "reason": "AppFailed", "jobStatus": "FAILED"}, "Failed", "AppFailed"),
+        (
+            {"jobDeploymentStatus": "Failed", "reason": "AppFailed", "jobStatus": "FAILED"},
+            "Failed",
+            "AppFailed",
+        ),
         ({"jobDeploymentStatus": "Failed", "reason": "DeadlineExceeded"}, "Failed", "DeadlineExceeded"),
-        ({"jobDeploymentStatus": "ValidationFailed", "reason": "ValidationFailed"}, "Failed", "ValidationFailed"),
+        (
+            {"jobDeploymentStatus": "ValidationFailed", "reason": "ValidationFailed"},
+            "Failed",
+            "ValidationFailed",
+        ),
         # kuberay#2314: jobStatus RUNNING beside a failed deployment: the deployment wins.
-        ({"jobDeploymentStatus": "Failed", "reason": "DeadlineExceeded", "jobStatus": "RUNNING"}, "Failed", "DeadlineExceeded"),
+        (
+            {"jobDeploymentStatus": "Failed", "reason": "DeadlineExceeded", "jobStatus": "RUNNING"},
+            "Failed",
+            "DeadlineExceeded",
+        ),
     ],
 )
 def test_phase_from_deployment_status_and_reason(status: dict | None, phase: str, reason: str) -> None:
@@ -72,12 +83,22 @@ def test_invalid_spec_then_fixed() -> None:
 def test_mirrored_fields() -> None:
     rayjob = {
         "metadata": {"name": "j"},
-        "status": {"rayClusterName": "j-abcde", "dashboardURL": "j-head-svc:8265", "startTime": "s",
-                   "endTime": "e", "failed": 2, "jobStatus": "RUNNING"},
+        "status": {
+            "rayClusterName": "j-abcde",
+            "dashboardURL": "j-head-svc:8265",
+            "startTime": "s",
+            "endTime": "e",
+            "failed": 2,
+            "jobStatus": "RUNNING",
+        },
     }
     assert mirrored_fields(rayjob) == {
-        "rayJobName": "j", "rayClusterName": "j-abcde", "dashboardURL": "j-head-svc:8265",
-        "startTime": "s", "completionTime": "e", "retries": 2,
+        "rayJobName": "j",
+        "rayClusterName": "j-abcde",
+        "dashboardURL": "j-head-svc:8265",
+        "startTime": "s",
+        "completionTime": "e",
+        "retries": 2,
     }
 
 
@@ -89,7 +110,15 @@ def _cm(data: dict, labels: dict | None = None, owners: list | None = None) -> d
 
 
 def test_drift_patch_adopts_and_resyncs_only_managed_fields() -> None:
-    owner = [{"uid": "u1", "controller": True, "kind": "LLMTrainingJob", "name": "j", "apiVersion": "llmtrain.dev/v1alpha1"}]
+    owner = [
+        {
+            "uid": "u1",
+            "controller": True,
+            "kind": "LLMTrainingJob",
+            "name": "j",
+            "apiVersion": "llmtrain.dev/v1alpha1",
+        }
+    ]
     desired = _cm({"k": "new"}, owners=owner)
     assert drift_patch(desired, _cm({"k": "new"}, owners=owner)) == {}
     orphan = _cm({"k": "old"}, labels={"a": "1", "extra": "kept"}, owners=[])
@@ -98,10 +127,26 @@ def test_drift_patch_adopts_and_resyncs_only_managed_fields() -> None:
 
 
 def test_drift_patch_rayjob_touches_only_mutable_fields() -> None:
-    desired = {"kind": "RayJob", "metadata": {"labels": {}}, "spec": {"suspend": True, "ttlSecondsAfterFinished": 10,
-               "entrypoint": "new", "activeDeadlineSeconds": None}}
-    existing = {"kind": "RayJob", "metadata": {"labels": {}}, "spec": {"suspend": False, "ttlSecondsAfterFinished": 10,
-                "entrypoint": "old", "activeDeadlineSeconds": 60}}
+    desired = {
+        "kind": "RayJob",
+        "metadata": {"labels": {}},
+        "spec": {
+            "suspend": True,
+            "ttlSecondsAfterFinished": 10,
+            "entrypoint": "new",
+            "activeDeadlineSeconds": None,
+        },
+    }
+    existing = {
+        "kind": "RayJob",
+        "metadata": {"labels": {}},
+        "spec": {
+            "suspend": False,
+            "ttlSecondsAfterFinished": 10,
+            "entrypoint": "old",
+            "activeDeadlineSeconds": 60,
+        },
+    }
     assert drift_patch(desired, existing) == {"spec": {"suspend": True, "activeDeadlineSeconds": None}}
 
 
@@ -109,7 +154,9 @@ def test_root_cause_only_added_on_failure() -> None:
     from llmtrain.operator.status import with_root_cause
 
     failed = observe({"jobDeploymentStatus": "Failed", "reason": "AppFailed"})
-    assert with_root_cause(failed, {"error": "NCCL timeout on rank 1"}).message.endswith("trainer reported: NCCL timeout on rank 1")
+    assert with_root_cause(failed, {"error": "NCCL timeout on rank 1"}).message.endswith(
+        "trainer reported: NCCL timeout on rank 1"
+    )
     running = observe({"jobDeploymentStatus": "Running"})
     assert with_root_cause(running, {"error": "x"}) == running
     assert with_root_cause(failed, None) == failed

@@ -8,13 +8,13 @@ import re
 from typing import Any
 
 import pytest
-
 from llmtrain.api.job import LLMTrainingJob
 from llmtrain.api.trainer_config import CONFIG_FILENAME, TrainerConfig
 from llmtrain.api.validation import parse_job
 from llmtrain.render import ImageSettings, render
 from llmtrain.render.names import MAX_CHILD_NAME, child_name
 from llmtrain.render.network import PROFILES
+
 from tests.support.jobs import load_example, minimal_job, with_path
 
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -31,13 +31,21 @@ def _by_kind(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def _gpu_job(**spec: Any) -> dict[str, Any]:
     base = {
         "resources": {
-            "workers": 4, "gpusPerWorker": 8, "acceleratorType": "NVIDIA-H100-80GB-HBM3", "cpu": "96",
-            "memory": "1000Gi", "sharedMemory": "64Gi", "head": {"cpu": "3", "memory": "12Gi"},
+            "workers": 4,
+            "gpusPerWorker": 8,
+            "acceleratorType": "NVIDIA-H100-80GB-HBM3",
+            "cpu": "96",
+            "memory": "1000Gi",
+            "sharedMemory": "64Gi",
+            "head": {"cpu": "3", "memory": "12Gi"},
             "nodeSelector": {"pool": "training"},
             "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
             "priorityClassName": "high",
         },
-        "network": {"ncclProfile": "infiniband", "env": [{"name": "NCCL_IB_TIMEOUT", "value": "30"}, {"name": "EXTRA", "value": "1"}]},
+        "network": {
+            "ncclProfile": "infiniband",
+            "env": [{"name": "NCCL_IB_TIMEOUT", "value": "30"}, {"name": "EXTRA", "value": "1"}],
+        },
         "model": {"name": "meta-llama/Meta-Llama-3-8B", "hfTokenSecretRef": {"name": "hf", "key": "token"}},
     }
     base.update(spec)
@@ -60,10 +68,16 @@ def env_of(pod: dict[str, Any]) -> dict[str, Any]:
 def test_children_with_claim_and_with_created_pvc() -> None:
     kinds = [o["kind"] for o in render(_job(minimal_job()))]
     assert kinds == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "RayJob"]
-    created = with_path(minimal_job(), "spec.storage", {"create": {"size": "100Gi", "storageClassName": "rwx"}})
+    created = with_path(
+        minimal_job(), "spec.storage", {"create": {"size": "100Gi", "storageClassName": "rwx"}}
+    )
     objs = _by_kind(render(_job(created)))
     pvc = objs["PersistentVolumeClaim"]
-    assert pvc["spec"] == {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "100Gi"}}, "storageClassName": "rwx"}
+    assert pvc["spec"] == {
+        "accessModes": ["ReadWriteMany"],
+        "resources": {"requests": {"storage": "100Gi"}},
+        "storageClassName": "rwx",
+    }
     volumes = {v["name"]: v for v in pods(objs["RayJob"])[1]["volumes"]}
     assert volumes["shared-storage"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
 
@@ -86,13 +100,24 @@ def test_trainer_identity_may_only_patch_its_own_status() -> None:
     objs = _by_kind(render(_job(_gpu_job())))
     role = objs["Role"]
     assert role["rules"] == [
-        {"apiGroups": ["llmtrain.dev"], "resources": ["llmtrainingjobs/status"], "resourceNames": ["llama"], "verbs": ["patch"]}
+        {
+            "apiGroups": ["llmtrain.dev"],
+            "resources": ["llmtrainingjobs/status"],
+            "resourceNames": ["llama"],
+            "verbs": ["patch"],
+        }
     ]
     binding = objs["RoleBinding"]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": objs["ServiceAccount"]["metadata"]["name"], "namespace": "team-a"}]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": objs["ServiceAccount"]["metadata"]["name"], "namespace": "team-a"}
+    ]
     head, worker = pods(objs["RayJob"])
-    assert head["serviceAccountName"] == worker["serviceAccountName"] == objs["ServiceAccount"]["metadata"]["name"]
+    assert (
+        head["serviceAccountName"]
+        == worker["serviceAccountName"]
+        == objs["ServiceAccount"]["metadata"]["name"]
+    )
 
 
 def test_head_group_has_no_gpu_head_resources_and_dashboard() -> None:
@@ -114,13 +139,17 @@ def test_worker_group_gpus_placement_and_replicas() -> None:
     assert res["limits"] == res["requests"] == {"cpu": "96", "memory": "1000Gi", "nvidia.com/gpu": "8"}
     assert pod["nodeSelector"] == {"pool": "training", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
-    assert {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"} in pod["tolerations"]
+    assert {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
     assert pod["priorityClassName"] == "high"
 
 
 def test_custom_gpu_resource_and_label_key() -> None:
     doc = _gpu_job()
-    doc["spec"]["resources"].update(gpuResourceName="amd.com/gpu", acceleratorLabelKey="amd.com/gpu.product-name")
+    doc["spec"]["resources"].update(
+        gpuResourceName="amd.com/gpu", acceleratorLabelKey="amd.com/gpu.product-name"
+    )
     pod = pods(rayjob(doc))[1]
     assert pod["containers"][0]["resources"]["limits"]["amd.com/gpu"] == "8"
     assert "amd.com/gpu.product-name" in pod["nodeSelector"]
@@ -189,7 +218,15 @@ def test_every_profile_renders(profile: str) -> None:
 
 
 def test_rayjob_policy_fields() -> None:
-    doc = _gpu_job(runPolicy={"maxRetries": 4, "activeDeadlineSeconds": 3600, "ttlSecondsAfterFinished": 60, "suspend": True, "queueName": "gpu-q"})
+    doc = _gpu_job(
+        runPolicy={
+            "maxRetries": 4,
+            "activeDeadlineSeconds": 3600,
+            "ttlSecondsAfterFinished": 60,
+            "suspend": True,
+            "queueName": "gpu-q",
+        }
+    )
     rj = rayjob(doc)
     spec = rj["spec"]
     assert spec["entrypoint"] == "python -m llmtrain_trainer.main --config /etc/llmtrain/trainer-config.json"
@@ -220,8 +257,12 @@ def test_labels_names_and_owner_references() -> None:
         assert obj["metadata"]["namespace"] == "team-a"
         (owner,) = obj["metadata"]["ownerReferences"]
         assert owner == {
-            "apiVersion": "llmtrain.dev/v1alpha1", "kind": "LLMTrainingJob", "name": "llama",
-            "uid": "1234-uid", "controller": True, "blockOwnerDeletion": True,
+            "apiVersion": "llmtrain.dev/v1alpha1",
+            "kind": "LLMTrainingJob",
+            "name": "llama",
+            "uid": "1234-uid",
+            "controller": True,
+            "blockOwnerDeletion": True,
         }
 
 

@@ -9,9 +9,9 @@ import kubernetes_validate
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from llmtrain.api.validation import parse_job
 from llmtrain.render import render
+
 from tests.support.jobs import EXAMPLES, minimal_job
 from tests.support.kuberay import rayjob_schema
 from tests.support.schema import validate_strict
@@ -42,7 +42,9 @@ def test_examples_render_valid_objects(example: Any) -> None:
     check_objects(render(job))
 
 
-names = st.from_regex(r"[a-z]([-a-z0-9]{0,45}[a-z0-9])?", fullmatch=True).filter(lambda s: "--" not in s or True)
+names = st.from_regex(r"[a-z]([-a-z0-9]{0,45}[a-z0-9])?", fullmatch=True).filter(
+    lambda s: "--" not in s or True
+)
 quantities = st.sampled_from(["1", "500m", "2", "16", "96", "1.5"])
 memories = st.sampled_from(["512Mi", "8Gi", "64Gi", "1000Gi", "1Ti"])
 
@@ -67,7 +69,12 @@ def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
     storage: dict[str, Any] = (
         {"claimName": "shared"}
         if draw(st.booleans())
-        else {"create": {"size": draw(memories), "accessModes": [draw(st.sampled_from(["ReadWriteMany", "ReadWriteOnce"]))]}}
+        else {
+            "create": {
+                "size": draw(memories),
+                "accessModes": [draw(st.sampled_from(["ReadWriteMany", "ReadWriteOnce"]))],
+            }
+        }
     )
     storage["mountPath"] = draw(st.sampled_from(["/mnt/llmtrain", "/data", "/mnt/shared/x"]))
     resources: dict[str, Any] = {
@@ -80,7 +87,9 @@ def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.booleans()):
         resources["acceleratorType"] = "NVIDIA-A100-SXM4-80GB"
     if draw(st.booleans()):
-        resources["tolerations"] = [{"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}]
+        resources["tolerations"] = [
+            {"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}
+        ]
     run_policy: dict[str, Any] = {"maxRetries": draw(st.integers(0, 10)), "suspend": draw(st.booleans())}
     if draw(st.booleans()):
         run_policy["activeDeadlineSeconds"] = draw(st.integers(1, 10**6))

@@ -54,7 +54,9 @@ class ApiTarget:
         return cls(f"https://{host}:{port}", token_file.read_text().strip(), str(ca) if ca.exists() else None)
 
     def status_url(self, namespace: str, name: str) -> str:
-        return f"{self.base_url}/apis/llmtrain.dev/v1alpha1/namespaces/{namespace}/llmtrainingjobs/{name}/status"
+        return (
+            f"{self.base_url}/apis/llmtrain.dev/v1alpha1/namespaces/{namespace}/llmtrainingjobs/{name}/status"
+        )
 
 
 def _rfc3339(ts: float) -> str:
@@ -112,7 +114,9 @@ class KubernetesProgressSink:
         self._closing = False
         self.patches_sent = 0
         self.failures = 0
-        self._ssl = ssl.create_default_context(cafile=target.ca_file) if target.base_url.startswith("https") else None
+        self._ssl = (
+            ssl.create_default_context(cafile=target.ca_file) if target.base_url.startswith("https") else None
+        )
         self._thread = threading.Thread(target=self._run, name="llmtrain-progress", daemon=True)
         self._thread.start()
 
