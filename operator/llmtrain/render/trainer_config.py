@@ -18,24 +18,26 @@ def _resolve(path: str, base: PurePosixPath | Path) -> str:
     return path if path.startswith("/") else str(base / path)
 
 
-def cluster_trainer_config(job: LLMTrainingJob, progress_interval_seconds: float = 15.0) -> TrainerConfig:
+def _build(
+    job: LLMTrainingJob,
+    base: PurePosixPath | Path,
+    storage_path: str,
+    scaling: ScalingSpec,
+    progress: ProgressSpec,
+) -> TrainerConfig:
+    """Everything the user wrote, with relative model and data paths resolved against `base`."""
     spec = job.spec
-    gpus = spec.resources.gpus_per_worker
-    mount = PurePosixPath(spec.storage.mount_path)
-    # One training process per GPU; a CPU worker pod runs one process using all its cores.
-    num_workers = spec.resources.workers * max(gpus, 1)
-    cpus = cpu_cores(spec.resources.cpu) / max(gpus, 1)
     model = spec.model
     if model.name and not _looks_like_hub_id(model.name):
-        model = model.model_copy(update={"name": _resolve(model.name, mount)})
+        model = model.model_copy(update={"name": _resolve(model.name, base)})
     dataset = spec.dataset
     if dataset.path:
-        dataset = dataset.model_copy(update={"path": _resolve(dataset.path, mount)})
+        dataset = dataset.model_copy(update={"path": _resolve(dataset.path, base)})
     return TrainerConfig(
         job=JobRef(name=job.metadata.name, namespace=job.metadata.namespace),
         run_name=job.metadata.name,
-        storage_path=run_storage_path(job),
-        scaling=ScalingSpec(num_workers=num_workers, use_gpu=gpus > 0, cpus_per_worker=max(cpus, 0.5)),
+        storage_path=storage_path,
+        scaling=scaling,
         max_worker_failures=spec.run_policy.max_worker_failures,
         collective_timeout_seconds=spec.network.collective_timeout_seconds,
         model=model,
@@ -44,7 +46,25 @@ def cluster_trainer_config(job: LLMTrainingJob, progress_interval_seconds: float
         strategy=spec.strategy,
         training=spec.training,
         checkpoint=spec.checkpoint,
-        progress=ProgressSpec(report_to_kubernetes=True, interval_seconds=progress_interval_seconds),
+        progress=progress,
+    )
+
+
+def cluster_trainer_config(job: LLMTrainingJob, progress_interval_seconds: float = 15.0) -> TrainerConfig:
+    res = job.spec.resources
+    gpus = res.gpus_per_worker
+    # One training process per GPU; a CPU worker pod runs one process using all its cores.
+    scaling = ScalingSpec(
+        num_workers=res.workers * max(gpus, 1),
+        use_gpu=gpus > 0,
+        cpus_per_worker=max(cpu_cores(res.cpu) / max(gpus, 1), 0.5),
+    )
+    return _build(
+        job,
+        PurePosixPath(job.spec.storage.mount_path),
+        run_storage_path(job),
+        scaling,
+        ProgressSpec(report_to_kubernetes=True, interval_seconds=progress_interval_seconds),
     )
 
 
@@ -53,28 +73,14 @@ def local_trainer_config(
 ) -> TrainerConfig:
     """The same job on this machine: relative data paths resolve against the job file's folder and
     the run lives in <runs_root>/<name>, so running it again resumes."""
-    spec = job.spec
-    model = spec.model
-    if model.name and not _looks_like_hub_id(model.name):
-        model = model.model_copy(update={"name": _resolve(model.name, job_file_dir.resolve())})
-    dataset = spec.dataset
-    if dataset.path:
-        dataset = dataset.model_copy(update={"path": _resolve(dataset.path, job_file_dir.resolve())})
-    num_workers = spec.resources.workers * (max(spec.resources.gpus_per_worker, 1) if use_gpu else 1)
-    return TrainerConfig(
-        job=JobRef(name=job.metadata.name, namespace=job.metadata.namespace),
-        run_name=job.metadata.name,
-        storage_path=str(runs_root.resolve()),
-        scaling=ScalingSpec(num_workers=num_workers, use_gpu=use_gpu, cpus_per_worker=1.0),
-        max_worker_failures=spec.run_policy.max_worker_failures,
-        collective_timeout_seconds=spec.network.collective_timeout_seconds,
-        model=model,
-        dataset=dataset,
-        method=spec.method,
-        strategy=spec.strategy,
-        training=spec.training,
-        checkpoint=spec.checkpoint,
-        progress=ProgressSpec(report_to_kubernetes=False),
+    res = job.spec.resources
+    num_workers = res.workers * (max(res.gpus_per_worker, 1) if use_gpu else 1)
+    return _build(
+        job,
+        job_file_dir.resolve(),
+        str(runs_root.resolve()),
+        ScalingSpec(num_workers=num_workers, use_gpu=use_gpu, cpus_per_worker=1.0),
+        ProgressSpec(report_to_kubernetes=False),
     )
 
 
