@@ -20,9 +20,12 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmtrain_trainer.metrics import MetricsRecord
+
+if TYPE_CHECKING:
+    from llmtrain.api.trainer_config import TrainerConfig
 
 log = logging.getLogger(__name__)
 
@@ -190,3 +193,24 @@ class KubernetesProgressSink:
             self.failures += 1
             log.warning("progress report failed (will retry): %s", exc)
             return False
+
+
+def kubernetes_sink(config: TrainerConfig) -> KubernetesProgressSink | None:
+    """The sink for this job's status, or None outside a cluster (then the log lines suffice)."""
+    target = ApiTarget.discover()
+    if target is None:
+        log.info("progress reporting to Kubernetes is off: no in-cluster credentials")
+        return None
+    return KubernetesProgressSink(
+        target, config.job.namespace, config.job.name, interval=config.progress.interval_seconds
+    )
+
+
+def report_failure(config: TrainerConfig, root_cause: str, flush_timeout: float = 10.0) -> None:
+    """From the driver: put the failed run's root cause into status.progress.error (bounded wait)."""
+    if not config.progress.report_to_kubernetes:
+        return
+    sink = kubernetes_sink(config)
+    if sink is not None:
+        sink.report_error(root_cause)
+        sink.close(flush_timeout)

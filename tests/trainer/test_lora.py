@@ -1,0 +1,70 @@
+"""LoRA fine-tuning of a pretrained model (a local path): the adapter export loads with peft, and
+the merged export loads with transformers and computes the same logits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from llmtrain.api.spec import ModelSpec
+from llmtrain_trainer.loop import LoopOptions
+from llmtrain_trainer.main import run_training
+from llmtrain_trainer.model import build_from_config, model_config
+from llmtrain_trainer.tokenizer import byte_level_tokenizer
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tests.trainer.helpers import TINY_LLAMA, losses, result, tiny_config
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def pretrained(tmp_path: Path) -> Path:
+    """A 'pretrained' checkpoint folder: a seeded tiny Llama and the byte tokenizer."""
+    path = tmp_path / "base-model"
+    config = model_config(ModelSpec(config=TINY_LLAMA, tokenizer="byte-level"))
+    build_from_config(config, torch.float32, meta=False, seed=7).save_pretrained(path)
+    byte_level_tokenizer().save_pretrained(path)
+    return path
+
+
+def test_lora_export_loads_with_peft_and_merged(ray_address: str, storage: Path, pretrained: Path) -> None:
+    config = tiny_config(
+        storage,
+        "lora",
+        model={"name": str(pretrained), "config": None, "tokenizer": None},
+        method={
+            "type": "lora",
+            "lora": {
+                "rank": 8,
+                "alpha": 16,
+                "dropout": 0.0,
+                "targetModules": ["q_proj", "v_proj"],
+                "mergeOnExport": True,
+            },
+        },
+        training={"maxSteps": 20, "learningRate": 0.01},
+        checkpoint={"everySteps": 20, "export": True},
+    )
+    run_training(config, LoopOptions(log_lines=False))
+    curve = losses(config)
+    assert curve[20] < curve[1]
+    export = Path(result(config)["export"])
+    assert (export / "adapter_config.json").exists() and (export / "adapter_model.safetensors").exists()
+    assert not (export / "model.safetensors").exists(), "the adapter export holds the adapter only"
+
+    base = AutoModelForCausalLM.from_pretrained(pretrained)
+    tuned = PeftModel.from_pretrained(base, export).eval()
+    merged = AutoModelForCausalLM.from_pretrained(export / "merged").eval()
+    tokenizer = AutoTokenizer.from_pretrained(export)
+    batch = tokenizer("Once upon a time, there was a cat.", return_tensors="pt")
+    with torch.no_grad():
+        adapted = tuned(**batch).logits
+        folded = merged(**batch).logits
+        original = AutoModelForCausalLM.from_pretrained(pretrained)(**batch).logits
+        generated = tuned.generate(**batch, max_new_tokens=8, do_sample=False)
+    assert generated.shape[1] == batch["input_ids"].shape[1] + 8
+    assert torch.allclose(adapted, folded, atol=1e-4), "merged weights = base + adapter"
+    assert not torch.allclose(adapted, original, atol=1e-3), "the adapter was trained"

@@ -1,0 +1,117 @@
+"""Unit tests of the pieces that need no Ray: schedule, DeepSpeed config, FLOPs, local-mode files."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from llmtrain.api.spec import DeepSpeedSpec, ModelSpec, TrainingSpec
+from llmtrain_trainer import local
+from llmtrain_trainer.metrics import MetricsRecord, Throughput
+from llmtrain_trainer.model import flops_per_token, model_config
+from llmtrain_trainer.optim import lr_factor
+from llmtrain_trainer.rundir import METRICS_FILE, RESULT_FILE
+from llmtrain_trainer.strategies.deepspeed import deepspeed_config
+
+from tests.trainer.helpers import REPO, TINY_LLAMA
+
+
+def test_warmup_then_cosine_linear_constant() -> None:
+    cosine = [lr_factor(s, warmup=10, total=110, kind="cosine") for s in range(110)]
+    assert cosine[0] == pytest.approx(0.1) and cosine[9] == pytest.approx(1.0)
+    assert cosine[60] == pytest.approx(0.5, abs=1e-9) and cosine[109] == pytest.approx(
+        0.5 * (1 + math.cos(math.pi * 0.99))
+    )
+    assert all(a >= b for a, b in itertools.pairwise(cosine[10:]))
+    assert lr_factor(60, warmup=10, total=110, kind="linear") == pytest.approx(0.5)
+    assert lr_factor(100, warmup=10, total=110, kind="constant") == 1.0
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_deepspeed_config_is_fully_resolved(stage: int) -> None:
+    spec = DeepSpeedSpec(zero_stage=stage, offload_optimizer=True, offload_params=stage == 3)
+    training = TrainingSpec(micro_batch_size=4, gradient_accumulation_steps=8, max_grad_norm=0.5)
+    config = deepspeed_config(spec, training, world_size=16, dtype=torch.bfloat16, hidden_size=4096)
+    assert "auto" not in json.dumps(config)
+    assert config["train_batch_size"] == 4 * 8 * 16
+    assert config["gradient_clipping"] == 0.5
+    assert config["bf16"]["enabled"] and not config["fp16"]["enabled"]
+    zero = config["zero_optimization"]
+    assert zero["stage"] == stage and zero["offload_optimizer"]["device"] == "cpu"
+    assert config["zero_force_ds_cpu_optimizer"] is False  # we bring a torch AdamW
+    assert ("offload_param" in zero) == (stage == 3)
+    assert zero.get("stage3_gather_16bit_weights_on_model_save", stage != 3) is True
+
+
+def test_flops_per_token_counts_attention_and_skips_input_embedding() -> None:
+    config = model_config(
+        ModelSpec(config={**TINY_LLAMA, "tie_word_embeddings": False}, tokenizer="byte-level")
+    )
+    n = 1_000_000
+    expected = 6 * (n - 384 * 64) + 12 * 2 * 64 * 128
+    assert flops_per_token(config, n, 128) == expected
+
+
+def test_mfu_is_throughput_over_peak() -> None:
+    meter = Throughput(flops_per_token=1e9, peak=1e12, world_size=2)
+    meter._seconds, meter._started = 1.0, None  # one second of stepping, measured
+    meter.add_tokens(400)
+    rate, mfu = meter.measure()
+    assert rate == pytest.approx(400) and mfu == pytest.approx(400 * 1e9 / 2e12)
+
+
+# ----------------------------------------------------------------------------- llmtrain run
+
+
+@pytest.fixture
+def no_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    def forbidden(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("Ray was started")
+
+    monkeypatch.setattr("ray.init", forbidden)
+
+
+def write_job(tmp_path: Path, **spec_changes: Any) -> Path:
+    job = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
+    job["spec"]["dataset"]["path"] = str(REPO / "examples" / "data" / "tiny-stories.txt")
+    job["spec"].update(spec_changes)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def test_run_local_rejects_an_invalid_job(
+    tmp_path: Path, no_training: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = write_job(tmp_path, strategy={"type": "fsdp", "deepspeed": {"zeroStage": 3}})
+    assert local.run_local(job, tmp_path / "runs") == 2
+    assert "strategy.deepspeed" in capsys.readouterr().out
+
+
+def test_run_local_says_a_finished_run_is_finished(
+    tmp_path: Path, no_training: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "runs" / "tiny-cpu"
+    run_dir.mkdir(parents=True)
+    records = [
+        MetricsRecord("step", 1, 120, loss=6.0),
+        MetricsRecord("step", 50, 120, loss=9.9),  # from an attempt that died after its checkpoint at 40
+        MetricsRecord("resumed", 40, 120),
+        MetricsRecord("step", 50, 120, loss=3.0),
+        MetricsRecord("step", 120, 120, loss=2.5),
+    ]
+    (run_dir / METRICS_FILE).write_text("".join(json.dumps(r.to_dict()) + "\n" for r in records))
+    (run_dir / RESULT_FILE).write_text(json.dumps({"finished": True, "steps": 120, "resumed_from_step": 40}))
+    assert local.run_local(write_job(tmp_path), tmp_path / "runs") == 0
+    out = capsys.readouterr().out
+    assert "already finished" in out and "--fresh" in out
+    summary = local.build_summary(run_dir, None)
+    assert (summary["initial_loss"], summary["final_loss"], summary["resumed_from_step"]) == (6.0, 2.5, 40)
+    local.plot_loss_curve(run_dir, tmp_path / "curve.png")
+    assert (tmp_path / "curve.png").stat().st_size > 1000

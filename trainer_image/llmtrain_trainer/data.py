@@ -1,0 +1,354 @@
+"""Training data: records → token sequences with loss masks → a deterministic, resumable order.
+
+Every rank builds the same sequence dataset (rank 0 first, so the `datasets` cache on the shared
+storage is written once) and walks the same seeded global order; each global micro-batch is cut
+into one slice per rank. The position in that order (epoch, samples consumed) is saved in every
+checkpoint, so a resumed run neither repeats nor skips samples, even with a different world size.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from datasets import Dataset, load_dataset
+from llmtrain.api.spec import DatasetSpec
+from transformers import PreTrainedTokenizerBase
+
+IGNORE_INDEX = -100
+"""Label value that cross-entropy ignores: prompts, non-assistant turns and padding."""
+
+_BUILDER_BY_SUFFIX = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
+_PACK_BATCH_RECORDS = 10_000
+
+
+class DataError(ValueError):
+    """The dataset cannot be loaded or turned into training sequences; the message says why."""
+
+
+@dataclass(frozen=True)
+class Example:
+    """One training sequence: token ids and their labels (IGNORE_INDEX where no loss is taken)."""
+
+    input_ids: list[int]
+    labels: list[int]
+
+
+# ----------------------------------------------------------------------------- loading records
+
+
+def data_files(path: Path) -> tuple[str, list[str]]:
+    """The `datasets` builder and file list for a file or a folder of .jsonl/.parquet/.txt files."""
+    if not path.exists():
+        raise DataError(f"dataset.path {str(path)!r} does not exist")
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    files = [p for p in files if p.suffix in _BUILDER_BY_SUFFIX and not p.name.startswith(".")]
+    if not files:
+        raise DataError(f"dataset.path {str(path)!r} holds no .jsonl, .json, .parquet or .txt files")
+    builders = {_BUILDER_BY_SUFFIX[p.suffix] for p in files}
+    if len(builders) > 1:
+        raise DataError(f"dataset.path {str(path)!r} mixes file types {sorted(builders)}; use one type")
+    return builders.pop(), [str(p) for p in files]
+
+
+def load_records(spec: DatasetSpec) -> Dataset:
+    """Raw records from the hub (dataset.name, dataset.split) or from files (dataset.path).
+
+    Text files become one record per paragraph (blank-line separated), in a `text` column.
+    """
+    if spec.name:
+        dataset = load_dataset(spec.name, split=spec.split, token=os.environ.get("HF_TOKEN") or None)
+    else:
+        assert spec.path is not None
+        builder, files = data_files(Path(spec.path))
+        extra: dict[str, Any] = (
+            {"sample_by": "paragraph", "keep_linebreaks": True} if builder == "text" else {}
+        )
+        dataset = load_dataset(builder, data_files=files, split="train", **extra)
+    if not isinstance(dataset, Dataset):
+        raise DataError(f"dataset {spec.name or spec.path!r} did not load as a single split")
+    return dataset
+
+
+# ----------------------------------------------------------------------------- encoding
+
+
+def _require_field(record: dict[str, Any], field: str, what: str) -> Any:
+    if field not in record:
+        raise DataError(f"record has no field {field!r} ({what}); fields are {sorted(record)}")
+    return record[field]
+
+
+def _eos(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    return [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
+
+
+def encode_text(text: str, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """A document's tokens followed by EOS, so packed documents stay separated."""
+    ids: list[int] = tokenizer(text, add_special_tokens=True)["input_ids"]
+    return ids + _eos(tokenizer)
+
+
+def encode_instruction(
+    prompt: str,
+    response: str,
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int,
+    template: str | None = None,
+) -> Example:
+    """Prompt tokens are masked; the loss is on the response and its EOS only."""
+    prompt_text = template.format(prompt=prompt) if template else prompt
+    prompt_ids: list[int] = tokenizer(prompt_text, add_special_tokens=True)["input_ids"]
+    response_ids: list[int] = tokenizer(response, add_special_tokens=False)["input_ids"] + _eos(tokenizer)
+    input_ids = (prompt_ids + response_ids)[:max_length]
+    labels = ([IGNORE_INDEX] * len(prompt_ids) + response_ids)[:max_length]
+    return Example(input_ids, labels)
+
+
+def _render(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, Any]], generation: bool) -> str:
+    if not messages and not generation:
+        return ""
+    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation)
+    assert isinstance(text, str)
+    return text
+
+
+def encode_chat(
+    messages: Sequence[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, max_length: int
+) -> Example:
+    """Render with the tokenizer's chat template; the loss is on assistant replies only.
+
+    Each assistant reply spans from the end of the rendered conversation before it (with the
+    generation prompt, i.e. the assistant header, which stays masked) to the end of the rendered
+    conversation including it (so the end-of-turn token is learned).
+    """
+    if tokenizer.chat_template is None:
+        raise DataError("dataset.format chat needs a tokenizer with a chat template")
+    full = _render(tokenizer, messages, generation=False)
+    spans: list[tuple[int, int]] = []
+    for i, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        before = _render(tokenizer, messages[:i], generation=True)
+        through = _render(tokenizer, messages[: i + 1], generation=False)
+        if not (through.startswith(before) and full.startswith(through)):
+            raise DataError(
+                "the tokenizer's chat template does not render conversations prefix by prefix, so "
+                "assistant turns cannot be located for loss masking; use format instruction instead"
+            )
+        spans.append((len(before), len(through)))
+    encoded = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    input_ids: list[int] = encoded["input_ids"]
+    labels = [
+        token if any(start <= begin < end for start, end in spans) else IGNORE_INDEX
+        for token, (begin, _) in zip(input_ids, encoded["offset_mapping"], strict=True)
+    ]
+    return Example(input_ids[:max_length], labels[:max_length])
+
+
+def pack(token_lists: Sequence[Sequence[int]], seq_length: int) -> list[list[int]]:
+    """Concatenate documents and cut full sequences of seq_length tokens; the tail is dropped."""
+    flat = [token for tokens in token_lists for token in tokens]
+    return [flat[i : i + seq_length] for i in range(0, len(flat) - seq_length + 1, seq_length)]
+
+
+def _text_batch(
+    batch: dict[str, list[Any]], tokenizer: PreTrainedTokenizerBase, spec: DatasetSpec
+) -> dict[str, list[list[int]]]:
+    if spec.text_field not in batch:
+        raise DataError(
+            f"records have no field {spec.text_field!r} (dataset.textField); fields are {sorted(batch)}"
+        )
+    docs = [encode_text(str(text), tokenizer) for text in batch[spec.text_field]]
+    if spec.packing:
+        sequences = pack(docs, spec.max_seq_length)
+        return {"input_ids": sequences, "labels": sequences}
+    truncated = [doc[: spec.max_seq_length] for doc in docs]
+    return {"input_ids": truncated, "labels": truncated}
+
+
+def _records(batch: dict[str, list[Any]]) -> Iterator[dict[str, Any]]:
+    keys = list(batch)
+    for i in range(len(batch[keys[0]]) if keys else 0):
+        yield {key: batch[key][i] for key in keys}
+
+
+def _supervised_batch(
+    batch: dict[str, list[Any]], tokenizer: PreTrainedTokenizerBase, spec: DatasetSpec
+) -> dict[str, list[list[int]]]:
+    examples = []
+    for record in _records(batch):
+        if spec.format == "instruction":
+            prompt = _require_field(record, spec.prompt_field, "dataset.promptField")
+            response = _require_field(record, spec.response_field, "dataset.responseField")
+            example = encode_instruction(
+                str(prompt), str(response), tokenizer, spec.max_seq_length, spec.prompt_template
+            )
+        else:
+            messages = _require_field(record, spec.messages_field, "dataset.messagesField")
+            example = encode_chat(messages, tokenizer, spec.max_seq_length)
+        if any(label != IGNORE_INDEX for label in example.labels):  # nothing to learn otherwise
+            examples.append(example)
+    return {"input_ids": [e.input_ids for e in examples], "labels": [e.labels for e in examples]}
+
+
+def tokenize(records: Dataset, tokenizer: PreTrainedTokenizerBase, spec: DatasetSpec) -> Dataset:
+    """Records → a dataset of `input_ids` and `labels` columns, per dataset.format."""
+    encode = _text_batch if spec.format == "text" else _supervised_batch
+    sequences = records.map(
+        encode,
+        batched=True,
+        batch_size=_PACK_BATCH_RECORDS,
+        remove_columns=records.column_names,
+        fn_kwargs={"tokenizer": tokenizer, "spec": spec},
+        desc=f"tokenizing ({spec.format})",
+    )
+    if len(sequences) == 0:
+        raise DataError(
+            f"dataset {spec.name or spec.path!r} produced no training sequences "
+            f"(format {spec.format}, maxSeqLength {spec.max_seq_length}): is it empty or too short?"
+        )
+    return sequences
+
+
+@dataclass(frozen=True)
+class SequenceData:
+    """The tokenized training (and optional validation) sequences."""
+
+    train: Dataset
+    validation: Dataset | None
+    fixed_label_count: bool
+    """True when every sequence has the same number of trained tokens (packed text): the loop then
+    skips counting them across ranks at every step."""
+
+
+def build_sequences(spec: DatasetSpec, tokenizer: PreTrainedTokenizerBase, seed: int) -> SequenceData:
+    sequences = tokenize(load_records(spec), tokenizer, spec)
+    validation = None
+    if spec.validation_split > 0 and len(sequences) >= 2:
+        parts = sequences.train_test_split(test_size=spec.validation_split, seed=seed, shuffle=True)
+        sequences, validation = parts["train"], parts["test"]
+    return SequenceData(sequences, validation, fixed_label_count=spec.format == "text" and spec.packing)
+
+
+# ----------------------------------------------------------------------------- batching
+
+
+def collate(
+    examples: Sequence[dict[str, list[int]]], pad_id: int, multiple_of: int = 8
+) -> dict[str, torch.Tensor]:
+    """Right-pad to the longest sequence (rounded up to `multiple_of`); padding gets label -100.
+
+    Without padding (packed text) there is no attention mask: the model's plain causal mask is
+    cheaper than an all-ones padding mask.
+    """
+    longest = max(len(e["input_ids"]) for e in examples)
+    length = -(-longest // multiple_of) * multiple_of
+    input_ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
+    labels = torch.full((len(examples), length), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((len(examples), length), dtype=torch.long)
+    for row, example in enumerate(examples):
+        n = len(example["input_ids"])
+        input_ids[row, :n] = torch.tensor(example["input_ids"], dtype=torch.long)
+        labels[row, :n] = torch.tensor(example["labels"], dtype=torch.long)
+        attention_mask[row, :n] = 1
+    if all(len(e["input_ids"]) == length for e in examples):
+        return {"input_ids": input_ids, "labels": labels}
+    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
+
+
+@dataclass(frozen=True)
+class DataPosition:
+    """Where the run is in the global sample order: samples of `epoch` consumed by all ranks."""
+
+    epoch: int = 0
+    offset: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "offset": self.offset}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DataPosition:
+        return cls(epoch=int(data["epoch"]), offset=int(data["offset"]))
+
+
+class DistributedBatches:
+    """This rank's micro-batches in a seeded global order (a distributed sampler that resumes).
+
+    Epoch e visits the samples in `randperm(n, seed + e)`; every global micro-batch of
+    micro_batch × world_size samples is cut into world_size contiguous slices, one per rank.
+    The incomplete global batch at the end of an epoch is dropped, so all ranks take the same
+    number of steps.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        micro_batch: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        pad_id: int,
+        position: DataPosition = DataPosition(),
+    ) -> None:
+        self.dataset = dataset
+        self.micro_batch = micro_batch
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.pad_id = pad_id
+        self.global_batch = micro_batch * world_size
+        self.batches_per_epoch = len(dataset) // self.global_batch
+        if self.batches_per_epoch == 0:
+            raise DataError(
+                f"the dataset has {len(dataset)} sequences, fewer than one global micro-batch "
+                f"(microBatchSize {micro_batch} × {world_size} workers); add data or lower the batch size"
+            )
+        # A position saved with another world size may fall inside a global batch: round down, so
+        # a few samples repeat rather than being skipped.
+        offset = min(position.offset, self.batches_per_epoch * self.global_batch)
+        self.position = DataPosition(position.epoch, offset - offset % self.global_batch)
+        self._order: list[int] = []
+        self._order_epoch = -1
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        if self._order_epoch != epoch:
+            generator = torch.Generator().manual_seed(self.seed + epoch)
+            self._order = torch.randperm(len(self.dataset), generator=generator).tolist()
+            self._order_epoch = epoch
+        return self._order
+
+    def next_batch(self) -> dict[str, torch.Tensor]:
+        """The next micro-batch for this rank, advancing the shared position."""
+        epoch, offset = self.position.epoch, self.position.offset
+        if offset >= self.batches_per_epoch * self.global_batch:
+            epoch, offset = epoch + 1, 0
+        start = offset + self.rank * self.micro_batch
+        indices = self._epoch_order(epoch)[start : start + self.micro_batch]
+        rows = self.dataset[indices]
+        self.position = DataPosition(epoch, offset + self.global_batch)
+        examples = [
+            {"input_ids": ids, "labels": labels}
+            for ids, labels in zip(rows["input_ids"], rows["labels"], strict=True)
+        ]
+        return collate(examples, self.pad_id)
+
+
+def evaluation_batches(
+    dataset: Dataset, micro_batch: int, rank: int, world_size: int, pad_id: int
+) -> Iterator[dict[str, torch.Tensor]]:
+    """This rank's share of the validation set, the same number of batches on every rank."""
+    per_rank = len(dataset) // world_size
+    micro_batch = max(1, min(micro_batch, per_rank))
+    for start in range(0, per_rank - micro_batch + 1, micro_batch):
+        first = rank * per_rank + start
+        rows = dataset[first : first + micro_batch]
+        examples = [
+            {"input_ids": ids, "labels": labels}
+            for ids, labels in zip(rows["input_ids"], rows["labels"], strict=True)
+        ]
+        yield collate(examples, pad_id)

@@ -1,0 +1,238 @@
+"""`llmtrain run FILE`: the job's training on a local Ray instance, with a live progress bar.
+
+The run lives in `<runs_root>/<name>/` and uses the same TrainerConfig, driver and worker loop as
+the cluster, so running the command again resumes from the latest checkpoint (and a finished run
+just prints its summary; `fresh=True` starts over). At the end it writes `summary.json` and
+`loss_curve.png` into the run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from llmtrain.api.trainer_config import TrainerConfig
+from llmtrain.api.validation import InvalidJob, parse_job
+from llmtrain.render.trainer_config import local_trainer_config
+from rich.console import Console
+from rich.table import Table
+
+from llmtrain_trainer.progress import ConsoleProgress, read_records, step_history
+from llmtrain_trainer.rundir import (
+    LOSS_CURVE_FILE,
+    METRICS_FILE,
+    RESULT_FILE,
+    SUMMARY_FILE,
+    latest_checkpoint,
+)
+
+
+def load_job_config(job_file: Path, runs_root: Path, use_gpu: bool) -> TrainerConfig:
+    """Parse and validate the LLMTrainingJob file into this machine's TrainerConfig."""
+    try:
+        document = yaml.safe_load(job_file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InvalidJobFile(f"cannot read {job_file}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise InvalidJobFile(f"{job_file} is not valid YAML: {exc}") from exc
+    try:
+        job = parse_job(document)
+    except InvalidJob as exc:
+        raise InvalidJobFile(
+            f"{job_file} is not a valid LLMTrainingJob:\n" + "\n".join(f"  {p}" for p in exc.problems)
+        ) from exc
+    return local_trainer_config(job, job_file.parent, runs_root, use_gpu=use_gpu)
+
+
+class InvalidJobFile(ValueError):
+    """The job file cannot be read or is not a valid LLMTrainingJob."""
+
+
+def read_result(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / RESULT_FILE
+    if not path.exists():
+        return None
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+    return data
+
+
+def is_finished(config: TrainerConfig, result: dict[str, Any] | None) -> bool:
+    """Finished, and for the same step count (raising maxSteps continues the run instead)."""
+    if not result or not result.get("finished"):
+        return False
+    return config.training.max_steps is None or result.get("steps") == config.training.max_steps
+
+
+def build_summary(run_dir: Path, wall_seconds: float | None) -> dict[str, Any]:
+    """summary.json: losses from the metrics file, the rest from the trainer's result.json."""
+    history = step_history(read_records(run_dir / METRICS_FILE))
+    result = read_result(run_dir) or {}
+    merged = Path(result["export"]) / "merged" if result.get("export") else None
+    return {
+        "run_dir": str(run_dir),
+        "initial_loss": history[0].loss if history else None,
+        "final_loss": history[-1].loss if history else None,
+        "steps": result.get("steps", history[-1].step if history else 0),
+        "tokens_per_second": result.get("tokens_per_second"),
+        "resumed_from_step": result.get("resumed_from_step"),
+        "checkpoint": result.get("checkpoint"),
+        "export": result.get("export"),
+        "merged_export": str(merged) if merged and merged.exists() else None,
+        "loss_curve": str(run_dir / LOSS_CURVE_FILE),
+        "wall_seconds": wall_seconds,
+    }
+
+
+def plot_loss_curve(run_dir: Path, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_records(run_dir / METRICS_FILE)
+    history = step_history(records)
+    figure, axes = plt.subplots(figsize=(7, 4), dpi=110)
+    points = [(r.step, r.loss) for r in history if r.loss is not None]
+    axes.plot([s for s, _ in points], [loss for _, loss in points], marker=".", label="training loss")
+    validation = {r.step: r.val_loss for r in records if r.event == "validation" and r.val_loss is not None}
+    if validation:
+        axes.plot(
+            list(validation), list(validation.values()), marker="o", linestyle="--", label="validation loss"
+        )
+    axes.set_xlabel("step")
+    axes.set_ylabel("loss (nats/token)")
+    axes.set_title(run_dir.name)
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def print_summary(console: Console, summary: dict[str, Any]) -> None:
+    table = Table(title=f"llmtrain run summary: {Path(summary['run_dir']).name}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+
+    def fmt(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:,.4f}" if abs(value) < 100 else f"{value:,.0f}"
+        return "-" if value is None else str(value)
+
+    for key in (
+        "initial_loss",
+        "final_loss",
+        "steps",
+        "tokens_per_second",
+        "resumed_from_step",
+        "wall_seconds",
+        "checkpoint",
+        "export",
+        "merged_export",
+        "loss_curve",
+    ):
+        if key in summary and (summary[key] is not None or key in ("resumed_from_step",)):
+            table.add_row(key, fmt(summary[key]))
+    console.print(table)
+
+
+def run_local(
+    job_file: Path, runs_root: Path = Path("llmtrain-runs"), use_gpu: bool = False, fresh: bool = False
+) -> int:
+    """Train the job on a local Ray instance; returns the process exit code."""
+    console = Console()
+    try:
+        config = load_job_config(job_file, runs_root, use_gpu)
+    except InvalidJobFile as exc:
+        console.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        return 2
+    run_dir = Path(config.run_dir)
+    if fresh and run_dir.exists():
+        shutil.rmtree(run_dir)
+        console.print(f"--fresh: removed {run_dir}; starting over")
+    if is_finished(config, read_result(run_dir)):
+        console.print(
+            f"Run [bold]{config.run_name}[/bold] already finished in {run_dir}; not retraining "
+            "(pass --fresh to start over)."
+        )
+        summary_file = run_dir / SUMMARY_FILE
+        summary = (
+            json.loads(summary_file.read_text()) if summary_file.exists() else build_summary(run_dir, None)
+        )
+        print_summary(console, summary)
+        return 0
+    latest = latest_checkpoint(run_dir)
+    if latest is not None:
+        console.print(f"Resuming {config.run_name} from {latest.name} (pass --fresh to start over).")
+    # Heavy imports (torch, transformers, Ray) only once there is training to do.
+    import logging
+
+    import ray
+
+    from llmtrain_trainer.loop import LoopOptions
+    from llmtrain_trainer.main import TrainingError, run_training
+    from llmtrain_trainer.preflight import PreflightError, check
+
+    try:
+        check(config)
+    except PreflightError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        return 2
+
+    started = time.monotonic()
+    workers = config.scaling.num_workers
+    console.print(
+        f"Training [bold]{config.run_name}[/bold] with {workers} {'GPU' if use_gpu else 'CPU'} workers "
+        f"({config.strategy.type}); run directory {run_dir}"
+    )
+    ray.init(
+        num_cpus=max(1, int(workers * config.scaling.cpus_per_worker)),
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+    )
+    try:
+        with ConsoleProgress(run_dir / METRICS_FILE):
+            run_training(config, LoopOptions(log_lines=False))
+    except TrainingError as exc:
+        console.print(f"[red]training failed:[/red] {exc}", highlight=False)
+        console.print("Worker logs: /tmp/ray/session_latest/logs (worker-*.err). Run again to resume.")
+        return 1
+    except (KeyboardInterrupt, SystemExit):
+        # Ray Train's own Ctrl-C handler aborts the run and may exit through SystemExit.
+        pass
+    finally:
+        ray.shutdown()
+    if not is_finished(config, read_result(run_dir)):
+        latest = latest_checkpoint(run_dir)
+        where = f"from {latest.name}" if latest else "from the start (no checkpoint was written yet)"
+        console.print(f"Stopped before the end; run the same command again to resume {where}.")
+        return 130
+    summary = build_summary(run_dir, time.monotonic() - started)
+    plot_loss_curve(run_dir, run_dir / LOSS_CURVE_FILE)
+    (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    print_summary(console, summary)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m llmtrain_trainer.local", description=run_local.__doc__)
+    parser.add_argument("job_file", type=Path)
+    parser.add_argument("--runs-dir", type=Path, default=Path("llmtrain-runs"))
+    parser.add_argument("--gpu", action="store_true")
+    parser.add_argument("--fresh", action="store_true")
+    args = parser.parse_args(argv)
+    return run_local(args.job_file, args.runs_dir, use_gpu=args.gpu, fresh=args.fresh)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

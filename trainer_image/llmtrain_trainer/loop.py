@@ -1,0 +1,334 @@
+"""The per-worker training loop that Ray Train runs on every rank.
+
+It only sequences the pieces: data (data.py), model and strategy (strategies/), checkpoints
+(checkpoint.py), metrics and progress (metrics.py, progress.py) and the export (export.py).
+Every collective (a strategy step, `ray.train.report`, a checkpoint) is reached by all ranks in
+the same order; only the writing of progress records is rank 0's alone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray.train
+import ray.train.torch
+import torch
+import torch.distributed as dist
+from llmtrain.api.trainer_config import TrainerConfig
+
+from llmtrain_trainer import checkpoint
+from llmtrain_trainer.data import DistributedBatches, SequenceData, build_sequences, evaluation_batches
+from llmtrain_trainer.export import export_model
+from llmtrain_trainer.metrics import MetricsRecord, Throughput, eta_seconds, peak_flops
+from llmtrain_trainer.model import count_parameters, flops_per_token, model_config
+from llmtrain_trainer.progress import FanOut, open_sinks
+from llmtrain_trainer.rundir import EXPORT_DIR, RESULT_FILE, latest_checkpoint
+from llmtrain_trainer.strategies import (
+    Strategy,
+    WorkerEnv,
+    input_token_count,
+    make_strategy,
+    rank_zero_first,
+    token_loss_sum,
+    trained_tokens,
+)
+from llmtrain_trainer.tokenizer import load_tokenizer
+
+log = logging.getLogger("llmtrain_trainer")
+
+
+@dataclass(frozen=True)
+class LoopOptions:
+    """Driver-side choices passed to the workers next to the TrainerConfig."""
+
+    log_lines: bool = True
+    """Print a log line per metrics record (off under `llmtrain run`, which draws a progress bar)."""
+    checkpoint_at_end: bool = True
+    """Checkpoint the final step even off the checkpoint.everySteps grid (throughput benchmarks
+    turn it off: they do not need to write a multi-gigabyte optimizer state at the end)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"log_lines": self.log_lines, "checkpoint_at_end": self.checkpoint_at_end}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LoopOptions:
+        return cls(
+            log_lines=bool(data.get("log_lines", True)),
+            checkpoint_at_end=bool(data.get("checkpoint_at_end", True)),
+        )
+
+
+def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
+    """Ray Train entry point: `loop_config` holds the TrainerConfig (JSON) and the LoopOptions."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("llmtrain_trainer").setLevel(logging.INFO)
+    import datasets
+
+    datasets.disable_progress_bars()
+    config = TrainerConfig.model_validate(loop_config["trainer_config"])
+    options = LoopOptions.from_dict(loop_config.get("options", {}))
+    context = ray.train.get_context()
+    device = ray.train.torch.get_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    env = WorkerEnv(
+        rank=context.get_world_rank(),
+        world_size=context.get_world_size(),
+        local_rank=context.get_local_rank(),
+        device=device,
+    )
+    run_dir = Path(context.get_storage().experiment_fs_path)
+    TrainingRun(config, env, run_dir, options).run()
+
+
+def total_steps(config: TrainerConfig, num_sequences: int, world_size: int) -> int:
+    """training.maxSteps, or the optimizer steps in training.epochs passes over the data."""
+    if config.training.max_steps is not None:
+        return config.training.max_steps
+    per_step = config.training.micro_batch_size * config.training.gradient_accumulation_steps * world_size
+    return max(1, config.training.epochs * (num_sequences // per_step))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class TrainingRun:
+    """One attempt of a run on one rank: restore, train to the end, checkpoint, export."""
+
+    def __init__(self, config: TrainerConfig, env: WorkerEnv, run_dir: Path, options: LoopOptions) -> None:
+        self.config = config
+        self.env = env
+        self.run_dir = run_dir
+        self.options = options
+        self.sinks: FanOut | None = None
+        self.total = 0
+        self.last_loss: float | None = None
+        self.train_seconds: float | None = None
+        self.tokens_per_second: float | None = None
+
+    # -------------------------------------------------------------------------- set-up
+
+    def run(self) -> None:
+        config, env = self.config, self.env
+        seed_everything(config.training.seed)
+        tokenizer = load_tokenizer(config.model)
+        with rank_zero_first(env):
+            data = build_sequences(config.dataset, tokenizer, config.training.seed)
+        self.total = total_steps(config, len(data.train), env.world_size)
+        resuming = ray.train.get_checkpoint() is not None
+        strategy = make_strategy(config, env, self.total, initial_weights=not resuming)
+        state = checkpoint.restore(strategy, env)
+        resumed_from = state.step if state is not None else None
+        state = state or checkpoint.TrainerState(world_size=env.world_size)
+        state.world_size = env.world_size
+        if env.is_main:
+            self.sinks = open_sinks(config, self.run_dir, self.options.log_lines)
+        try:
+            self._announce(strategy, state, resumed_from)
+            trained = self._train(strategy, data, state, tokenizer.pad_token_id)
+            export = self._export(strategy, tokenizer, trained)
+            self._finish(state, resumed_from, export, trained)
+        finally:
+            if self.sinks is not None:
+                self.sinks.close()
+
+    def _emit(self, record: MetricsRecord) -> None:
+        if self.sinks is not None:
+            self.sinks.emit(record)
+
+    def _announce(self, strategy: Strategy, state: checkpoint.TrainerState, resumed_from: int | None) -> None:
+        n_params, n_trainable = count_parameters(strategy.model)
+        message = (
+            f"strategy {strategy.name}, {self.env.world_size} workers on {self.env.device.type}, "
+            f"{n_params:,} parameters ({n_trainable:,} trainable)"
+        )
+        if resumed_from is not None:
+            self._emit(
+                MetricsRecord(
+                    "resumed", resumed_from, self.total, message=f"resumed at step {resumed_from}; {message}"
+                )
+            )
+        else:
+            self._emit(MetricsRecord("started", 0, self.total, message=message))
+
+    # -------------------------------------------------------------------------- training
+
+    def _train(
+        self, strategy: Strategy, data: SequenceData, state: checkpoint.TrainerState, pad_id: int
+    ) -> bool:
+        """Step until the total; returns whether any step ran in this attempt."""
+        config, env = self.config, self.env
+        training = config.training
+        if state.step >= self.total:
+            return False
+        batches = DistributedBatches(
+            data.train, training.micro_batch_size, env.rank, env.world_size, training.seed, pad_id, state.data
+        )
+        hf_config = model_config(config.model)
+        n_params, _ = count_parameters(strategy.model)
+        throughput = Throughput(
+            flops_per_token(hf_config, n_params, config.dataset.max_seq_length),
+            peak_flops(env.device),
+            env.world_size,
+        )
+        # Packed text has the same number of trained tokens in every micro-batch: no need to count
+        # them across ranks before each step.
+        fixed_tokens = (
+            training.micro_batch_size
+            * (config.dataset.max_seq_length - 1)
+            * training.gradient_accumulation_steps
+            * env.world_size
+            if data.fixed_label_count
+            else None
+        )
+        totals = torch.zeros(3, dtype=torch.float64, device=env.device)  # loss sum, trained, input tokens
+        grad_norm: torch.Tensor | float | None = None
+        interval_start, interval_step = time.perf_counter(), state.step
+        strategy.train()
+        while state.step < self.total:
+            micro_batches = [
+                {k: v.to(env.device, non_blocking=True) for k, v in batches.next_batch().items()}
+                for _ in range(training.gradient_accumulation_steps)
+            ]
+            local_trained = sum(trained_tokens(mb["labels"]) for mb in micro_batches)
+            step_trained = fixed_tokens if fixed_tokens is not None else self._sum_over_ranks(local_trained)
+            scale = env.world_size / max(step_trained, 1)
+            for i, micro_batch in enumerate(micro_batches):
+                loss_sum = strategy.forward_backward(
+                    micro_batch, scale, last_micro_batch=i == len(micro_batches) - 1
+                )
+                totals[0] += loss_sum.to(torch.float64)
+            input_tokens = sum(input_token_count(mb) for mb in micro_batches)
+            totals[1] += local_trained
+            totals[2] += input_tokens
+            throughput.add_tokens(input_tokens * env.world_size)
+            grad_norm = strategy.step()
+            state.step += 1
+            state.data = batches.position
+            state.tokens_seen += input_tokens * env.world_size
+
+            last = state.step == self.total
+            if state.step % training.log_every_steps == 0 or state.step == 1 or last:
+                dist.all_reduce(totals)
+                loss = float(totals[0] / totals[1].clamp(min=1))
+                rate, mfu = throughput.measure()
+                seconds_per_step = (time.perf_counter() - interval_start) / max(1, state.step - interval_step)
+                interval_start, interval_step = time.perf_counter(), state.step
+                self._emit(
+                    MetricsRecord(
+                        "step",
+                        state.step,
+                        self.total,
+                        loss=loss,
+                        learning_rate=strategy.learning_rate,
+                        grad_norm=None if grad_norm is None else float(grad_norm),
+                        tokens_per_second=rate,
+                        mfu=mfu,
+                        eta_seconds=eta_seconds(self.total - state.step, seconds_per_step),
+                        epoch=state.data.epoch,
+                        tokens_seen=state.tokens_seen,
+                    )
+                )
+                self.last_loss = loss
+                totals.zero_()
+            if state.step % config.checkpoint.every_steps == 0 or (last and self.options.checkpoint_at_end):
+                throughput.pause()
+                self._checkpoint(strategy, state, data, pad_id)
+                throughput.resume()
+                interval_start = time.perf_counter()
+        throughput.measure()
+        self.train_seconds = throughput.train_seconds
+        self.tokens_per_second = throughput.average_tokens_per_second
+        return True
+
+    def _sum_over_ranks(self, value: int) -> int:
+        tensor = torch.tensor([value], dtype=torch.float64, device=self.env.device)
+        dist.all_reduce(tensor)
+        return int(tensor.item())
+
+    def _checkpoint(
+        self, strategy: Strategy, state: checkpoint.TrainerState, data: SequenceData, pad_id: int
+    ) -> None:
+        directory = checkpoint.save(strategy, state, self.run_dir, self.env)
+        metrics: dict[str, Any] = {"step": state.step, "loss": self.last_loss}
+        if data.validation is not None:
+            val_loss = self._validate(strategy, data, pad_id)
+            if val_loss is not None:
+                metrics["val_loss"] = val_loss
+                self._emit(MetricsRecord("validation", state.step, self.total, val_loss=val_loss))
+        checkpoint.report(directory, metrics, self.env)
+        self._emit(MetricsRecord("checkpoint", state.step, self.total, path=str(directory)))
+
+    @torch.no_grad()
+    def _validate(self, strategy: Strategy, data: SequenceData, pad_id: int) -> float | None:
+        assert data.validation is not None
+        totals = torch.zeros(2, dtype=torch.float64, device=self.env.device)
+        strategy.train(False)
+        for batch in evaluation_batches(
+            data.validation, self.config.training.micro_batch_size, self.env.rank, self.env.world_size, pad_id
+        ):
+            batch = {k: v.to(self.env.device) for k, v in batch.items()}
+            totals[0] += token_loss_sum(strategy.forward(batch), batch["labels"]).to(torch.float64)
+            totals[1] += trained_tokens(batch["labels"])
+        strategy.train(True)
+        dist.all_reduce(totals)
+        return float(totals[0] / totals[1]) if totals[1] > 0 else None
+
+    # -------------------------------------------------------------------------- the end
+
+    def _export(self, strategy: Strategy, tokenizer: Any, trained: bool) -> str | None:
+        """Export when enabled, unless an export of this very state already exists."""
+        export_dir = self.run_dir / EXPORT_DIR
+        if not self.config.checkpoint.export:
+            return None
+        if not trained and export_dir.exists():
+            return str(export_dir)
+        state = strategy.full_state_dict()  # a collective: every rank takes part
+        if not self.env.is_main:
+            return str(export_dir)
+        assert state is not None
+        result = export_model(
+            state,
+            model_config(self.config.model),
+            self.config.method,
+            tokenizer,
+            export_dir,
+            strategy.dtype,
+            self.config.model.name,
+        )
+        self._emit(MetricsRecord("exported", self.total, self.total, path=str(result.path)))
+        return str(result.path)
+
+    def _finish(
+        self, state: checkpoint.TrainerState, resumed_from: int | None, export: str | None, trained: bool
+    ) -> None:
+        if not self.env.is_main:
+            return
+        result_file = self.run_dir / RESULT_FILE
+        if not trained and result_file.exists():  # restarted after the end: the first result stands
+            self._emit(MetricsRecord("finished", state.step, self.total, path=export))
+            return
+        latest = latest_checkpoint(self.run_dir)
+        result = {
+            "finished": True,
+            "steps": self.total,
+            "resumed_from_step": resumed_from,
+            "checkpoint": str(latest) if latest else None,
+            "export": export,
+            "train_seconds": self.train_seconds,
+            "tokens_per_second": self.tokens_per_second,
+            "world_size": self.env.world_size,
+            "finished_at": time.time(),
+        }
+        result_file.write_text(json.dumps(result, indent=2) + "\n")
+        self._emit(MetricsRecord("finished", state.step, self.total, path=export))

@@ -1,0 +1,147 @@
+"""Trainer entrypoint: TrainerConfig → Ray Train V2 `TorchTrainer` → exit code.
+
+In the cluster the RayJob runs `python -m llmtrain_trainer.main --config
+/etc/llmtrain/trainer-config.json` on the Ray head; `llmtrain run` calls `run_training` on a local
+Ray instance. The run name and storage path come from the config and are stable per job, so a
+worker failure (FailureConfig), a RayJob retry on a new cluster and a local re-run all resume from
+the latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from llmtrain.api.trainer_config import TrainerConfig
+
+from llmtrain_trainer.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
+from llmtrain_trainer.kube_progress import report_failure
+from llmtrain_trainer.loop import LoopOptions, train_loop_per_worker
+from llmtrain_trainer.preflight import PreflightError, check
+
+log = logging.getLogger("llmtrain_trainer")
+PROG = "llmtrain-trainer"
+
+
+class TrainingError(RuntimeError):
+    """Training ran and failed; the message is a one-line reason."""
+
+
+def worker_env_vars(config: TrainerConfig) -> dict[str, str]:
+    """Variables every training worker needs, whatever the Ray cluster's own environment.
+
+    Secrets (HF_TOKEN) are deliberately not forwarded: a runtime_env is visible in Ray's dashboard,
+    and the worker pods get them from secretKeyRefs anyway (local workers inherit the environment).
+    """
+    env = {"TOKENIZERS_PARALLELISM": "false"}
+    if not config.scaling.use_gpu:
+        env["DS_ACCELERATOR"] = "cpu"  # DeepSpeed must not probe for CUDA on CPU workers
+    return env
+
+
+def build_trainer(config: TrainerConfig, options: LoopOptions | None = None) -> object:
+    """The V2 TorchTrainer for this config (not started)."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    resources: dict[str, float] = {"CPU": config.scaling.cpus_per_worker}
+    if config.scaling.use_gpu:
+        resources["GPU"] = 1
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={
+            "trainer_config": config.model_dump(mode="json", by_alias=True),
+            "options": (options or LoopOptions()).to_dict(),
+        },
+        torch_config=TorchConfig(timeout_s=config.collective_timeout_seconds),
+        scaling_config=ScalingConfig(
+            num_workers=config.scaling.num_workers,
+            use_gpu=config.scaling.use_gpu,
+            resources_per_worker=resources,
+        ),
+        # ray.train.RunConfig is the V2 class at runtime (Ray Train V2 is the default); its static
+        # type is still the V1 one, which lacks worker_runtime_env.
+        run_config=RunConfig(  # type: ignore[call-arg]
+            name=config.run_name,
+            storage_path=config.storage_path,
+            failure_config=FailureConfig(max_failures=config.max_worker_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=config.checkpoint.keep),
+            worker_runtime_env={"env_vars": worker_env_vars(config)},
+        ),
+    )
+
+
+def failure_reason(exc: BaseException) -> str:
+    """One line out of a Ray Train failure: the first worker's own exception, if there is one."""
+    failures = getattr(exc, "worker_failures", None)
+    if failures:
+        rank = min(failures)
+        return f"worker {rank}: {_last_line(failures[rank])}"
+    cause = getattr(exc, "controller_failure", None)
+    return _last_line(cause if cause is not None else exc)
+
+
+def root_cause(exc: BaseException) -> str:
+    """'<ErrorClass> on rank <r>: <message>' for the operator's status message (e.g. an
+    OutOfMemoryError or an NCCL timeout on one rank), unwrapping Ray's task-error wrapper."""
+    failures = getattr(exc, "worker_failures", None)
+    if failures:
+        rank = min(failures)
+        error = failures[rank]
+        inner = getattr(error, "cause", None) or error.__cause__ or error
+        return f"{type(inner).__name__} on rank {rank}: {_last_line(inner)}"
+    return f"{type(exc).__name__}: {_last_line(exc)}"
+
+
+def _last_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
+
+
+def run_training(config: TrainerConfig, options: LoopOptions | None = None) -> None:
+    """Fit on the connected Ray cluster; raise TrainingError with a one-line reason on failure."""
+    from ray.train import TrainingFailedError
+
+    trainer = build_trainer(config, options)
+    try:
+        trainer.fit()  # type: ignore[attr-defined]
+    except TrainingFailedError as exc:
+        raise TrainingError(failure_reason(exc)) from exc
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=PROG, description="Run an llmtrain TrainerConfig with Ray Train.")
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG_PATH, help="TrainerConfig JSON file")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = load_config(args.config)
+        check(config)
+    except (ConfigError, PreflightError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+
+    import ray
+
+    if not ray.is_initialized():
+        ray.init()  # joins the cluster named by RAY_ADDRESS (the RayJob's), else starts a local one
+    log.info("run %s: %d workers, storage %s", config.run_name, config.scaling.num_workers, config.run_dir)
+    try:
+        run_training(config)
+    except TrainingError as exc:
+        print(f"{PROG}: error: training failed: {exc}", file=sys.stderr)
+        report_failure(config, root_cause(exc.__cause__ or exc))
+        return 1
+    log.info(
+        "run %s finished; export in %s",
+        config.run_name,
+        config.export_dir if config.checkpoint.export else "-",
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""Metric records and throughput: tokens/s, MFU against the device's dense bf16 peak, ETA."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import torch
+
+Event = Literal["started", "resumed", "step", "validation", "checkpoint", "exported", "finished"]
+
+# Dense bf16 tensor-core peaks in FLOP/s (not the 2:4-sparse figures), matched against
+# torch.cuda.get_device_name(); the first matching substring wins, so order matters.
+PEAK_BF16_FLOPS: list[tuple[str, float]] = [
+    ("H200", 989e12),
+    ("GH200", 989e12),
+    ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
+    ("H100", 989e12),
+    ("H800", 989e12),
+    ("B200", 2250e12),
+    ("A100", 312e12),
+    ("A800", 312e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+    ("A10G", 70e12),
+    ("A10", 125e12),
+    ("RTX 4090", 165e12),
+    ("MI300X", 1307e12),
+]
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """The device's dense bf16 peak, or None when unknown (always None on CPUs)."""
+    if device.type != "cuda":
+        return None
+    import torch
+
+    name = torch.cuda.get_device_name(device)
+    for key, flops in PEAK_BF16_FLOPS:
+        if key in name:
+            return flops
+    return None
+
+
+@dataclass
+class MetricsRecord:
+    """One line of progress, emitted by rank 0: a step's metrics or a run event."""
+
+    event: Event
+    step: int
+    total_steps: int
+    time: float = field(default_factory=time.time)
+    loss: float | None = None
+    learning_rate: float | None = None
+    grad_norm: float | None = None
+    tokens_per_second: float | None = None
+    mfu: float | None = None
+    eta_seconds: float | None = None
+    epoch: int | None = None
+    tokens_seen: int | None = None
+    val_loss: float | None = None
+    path: str | None = None
+    message: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {key: value for key, value in asdict(self).items() if value is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MetricsRecord:
+        known = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in known})
+
+
+class Throughput:
+    """Tokens per second and MFU over the interval since the last `measure()`.
+
+    Times only the steps themselves: checkpoint saves and evaluations between measurements are
+    excluded with `pause()`/`resume()`, so a checkpoint does not look like a slow step.
+    """
+
+    def __init__(self, flops_per_token: float, peak: float | None, world_size: int) -> None:
+        self.flops_per_token = flops_per_token
+        self.peak = peak
+        self.world_size = world_size
+        self.train_seconds = 0.0
+        self.train_tokens = 0
+        self._tokens = 0
+        self._seconds = 0.0
+        self._started: float | None = time.perf_counter()
+
+    def add_tokens(self, tokens: int) -> None:
+        """Tokens processed by all ranks (inputs, including packing and padding positions)."""
+        self._tokens += tokens
+
+    def pause(self) -> None:
+        if self._started is not None:
+            self._seconds += time.perf_counter() - self._started
+            self._started = None
+
+    def resume(self) -> None:
+        if self._started is None:
+            self._started = time.perf_counter()
+
+    def measure(self) -> tuple[float, float | None]:
+        """(tokens/s across all ranks, MFU or None) since the previous call."""
+        self.pause()
+        seconds, tokens = self._seconds, self._tokens
+        self.train_seconds += seconds
+        self.train_tokens += tokens
+        self._seconds, self._tokens = 0.0, 0
+        self.resume()
+        rate = tokens / seconds if seconds > 0 else 0.0
+        mfu = None
+        if self.peak:
+            mfu = rate * self.flops_per_token / (self.peak * self.world_size)
+        return rate, mfu
+
+    @property
+    def average_tokens_per_second(self) -> float:
+        return self.train_tokens / self.train_seconds if self.train_seconds > 0 else 0.0
+
+
+def eta_seconds(steps_left: int, seconds_per_step: float) -> float:
+    return max(0, steps_left) * seconds_per_step

@@ -1,0 +1,246 @@
+"""Models: resolve the architecture, build it (full, on meta, or under ZeRO-3), add LoRA, count FLOPs.
+
+The strategies decide *where* weights materialise; this module only knows how to describe and
+create a model. Weights come from a pretrained checkpoint (hub id or path) or, for an inline config,
+from a seeded random initialisation that is the same on every rank and every world size.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from llmtrain.api.spec import LoraSpec, MethodSpec, ModelSpec
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+
+
+class ModelError(ValueError):
+    """The model cannot be resolved or built; the message names the offending field."""
+
+
+def hf_token() -> str | None:
+    """HF_TOKEN from the environment (the pod gets it from a secretKeyRef), or None."""
+    return os.environ.get("HF_TOKEN") or None
+
+
+def is_pretrained(spec: ModelSpec) -> bool:
+    return spec.name is not None
+
+
+def model_config(spec: ModelSpec) -> PretrainedConfig:
+    """The architecture: the inline config, or the pretrained model's config.json."""
+    if spec.config is not None:
+        fields = dict(spec.config)
+        model_type = fields.pop("model_type", None)
+        if not model_type:
+            raise ModelError("model.config must contain model_type (e.g. llama)")
+        try:
+            return AutoConfig.for_model(str(model_type), **fields)
+        except ValueError as exc:
+            raise ModelError(
+                f"model.config.model_type {model_type!r} is not an architecture transformers knows"
+            ) from exc
+    assert spec.name is not None
+    try:
+        config: PretrainedConfig = AutoConfig.from_pretrained(
+            spec.name, revision=spec.revision, trust_remote_code=spec.trust_remote_code, token=hf_token()
+        )
+    except (OSError, ValueError) as exc:
+        where = "path" if Path(spec.name).is_absolute() else "hub id or path"
+        raise ModelError(
+            f"model.name {spec.name!r}: cannot load its config as a {where} ({_first_line(exc)})"
+        ) from exc
+    return config
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def check_causal_lm(config: PretrainedConfig) -> None:
+    """Fail early when transformers has no causal-LM head for this architecture."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not getattr(config, "auto_map", None):
+        raise ModelError(
+            f"model type {config.model_type!r} has no causal language-model head in transformers"
+        )
+
+
+@contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Create parameters on the meta device but buffers for real.
+
+    Non-persistent buffers (rotary frequencies) are computed in `__init__` and are in no checkpoint,
+    so they must be real; parameters are only placeholders until the strategy shards them.
+    """
+    original = nn.Module.register_parameter
+
+    def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        original(module, name, param)
+        if param is not None and param.device.type != "meta":
+            meta = nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+            module._parameters[name] = meta
+
+    nn.Module.register_parameter = register  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+
+def build_from_config(
+    config: PretrainedConfig, dtype: torch.dtype, *, meta: bool, seed: int
+) -> PreTrainedModel:
+    """The architecture with seeded random weights, or with meta parameters when `meta`."""
+    torch.manual_seed(seed)
+    if meta:
+        with parameters_on_meta():
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
+    else:
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
+    assert isinstance(model, PreTrainedModel)
+    return model
+
+
+def load_pretrained(spec: ModelSpec, dtype: torch.dtype) -> PreTrainedModel:
+    """`from_pretrained` on CPU (under ZeRO-3's zero.Init when an HfDeepSpeedConfig is alive)."""
+    assert spec.name is not None
+    model = AutoModelForCausalLM.from_pretrained(
+        spec.name,
+        revision=spec.revision,
+        trust_remote_code=spec.trust_remote_code,
+        token=hf_token(),
+        dtype=dtype,
+    )
+    assert isinstance(model, PreTrainedModel)
+    return model
+
+
+def weights_path(spec: ModelSpec) -> Path | None:
+    """A local folder holding the model's safetensors files (a path, or the hub snapshot in HF_HOME)."""
+    assert spec.name is not None
+    candidate = Path(spec.name)
+    if not candidate.is_dir():
+        from huggingface_hub import snapshot_download
+
+        try:
+            candidate = Path(
+                snapshot_download(
+                    spec.name,
+                    revision=spec.revision,
+                    token=hf_token(),
+                    allow_patterns=["*.safetensors", "*.json"],
+                )
+            )
+        except Exception:
+            return None
+    return candidate if any(candidate.glob("*.safetensors")) else None
+
+
+def apply_lora(model: nn.Module, method: MethodSpec) -> nn.Module:
+    """Wrap with peft LoRA adapters when method.type is lora; freezes the base weights."""
+    if method.type != "lora":
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    lora = method.lora or LoraSpec()
+    config = LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    try:
+        return get_peft_model(model, config)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise ModelError(f"method.lora.targetModules {lora.target_modules}: {_first_line(exc)}") from exc
+
+
+def reset_lora_parameters(model: nn.Module) -> None:
+    """Re-initialise adapters after their storage was allocated (A: kaiming, B: zeros)."""
+    from peft.tuners.lora import LoraLayer
+
+    for module in model.modules():
+        if isinstance(module, LoraLayer):
+            for adapter in module.lora_A:
+                module.reset_lora_parameters(adapter, init_lora_weights=True)  # type: ignore[no-untyped-call]
+
+
+def enable_gradient_checkpointing(model: nn.Module) -> None:
+    base = unwrap_peft(model)
+    assert isinstance(base, PreTrainedModel)
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[no-untyped-call]
+    base.config.use_cache = False
+
+
+def unwrap_peft(model: nn.Module) -> nn.Module:
+    """The transformers model inside a peft wrapper (or the model itself)."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def transformer_blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated decoder layers, found through transformers' `_no_split_modules` names."""
+    base = unwrap_peft(model)
+    names = set(getattr(base, "_no_split_modules", None) or [])
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if not blocks:  # fall back to the usual container of layers
+        layers = getattr(getattr(base, "model", base), "layers", None)
+        blocks = list(layers) if isinstance(layers, nn.ModuleList) else []
+    return blocks
+
+
+def hf_parameter_name(name: str) -> str:
+    """A parameter's name in the pretrained checkpoint (drops peft's wrapper prefixes)."""
+    return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+
+
+# ----------------------------------------------------------------------------- FLOPs
+
+
+def count_parameters(model: nn.Module) -> tuple[int, int]:
+    """(all parameters, trainable parameters), counting shared (tied) tensors once."""
+    seen: set[int] = set()
+    total = trainable = 0
+    for param in model.parameters():
+        key = id(param)
+        if key in seen:
+            continue
+        seen.add(key)
+        numel = _global_numel(param)
+        total += numel
+        trainable += numel if param.requires_grad else 0
+    return total, trainable
+
+
+def _global_numel(param: torch.Tensor) -> int:
+    ds_numel = getattr(param, "ds_numel", None)  # ZeRO-3 partitioned parameter
+    return int(ds_numel) if ds_numel is not None else param.numel()
+
+
+def flops_per_token(config: PretrainedConfig, n_params: int, seq_length: int) -> float:
+    """Training FLOPs per token: 6·N (N without the input embedding) + 12·L·d·T for attention."""
+    hidden = int(getattr(config, "hidden_size", 0) or 0)
+    layers = int(getattr(config, "num_hidden_layers", 0) or 0)
+    vocab = int(getattr(config, "vocab_size", 0) or 0)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    # The input embedding is a lookup, not a matmul; a tied output head still does the matmul.
+    non_embedding = n_params - (0 if tied else vocab * hidden)
+    return 6.0 * non_embedding + 12.0 * layers * hidden * seq_length
+
+
+def describe(config: PretrainedConfig) -> dict[str, Any]:
+    return {
+        "model_type": config.model_type,
+        "hidden_size": getattr(config, "hidden_size", None),
+        "layers": getattr(config, "num_hidden_layers", None),
+        "vocab_size": getattr(config, "vocab_size", None),
+    }

@@ -1,0 +1,97 @@
+"""Checks run in the driver before any worker starts, so a mistake fails in seconds with one line.
+
+A mistake found inside the workers would instead cost a worker-group start per attempt and be
+retried `maxWorkerFailures` times; everything that can be decided from the config, the files and
+the model's config.json is decided here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from llmtrain.api.spec import LoraSpec
+from llmtrain.api.trainer_config import TrainerConfig
+from transformers import PretrainedConfig
+
+from llmtrain_trainer import model as models
+from llmtrain_trainer.data import DataError, data_files
+from llmtrain_trainer.tokenizer import load_tokenizer
+
+
+class PreflightError(ValueError):
+    """The run cannot start; the message names the field and what to change."""
+
+
+def check(config: TrainerConfig) -> None:
+    """Raise PreflightError on the first problem found."""
+    try:
+        _check_strategy(config)
+        _check_dataset(config)
+        hf_config = models.model_config(config.model)
+        models.check_causal_lm(hf_config)
+        _check_tokenizer(config, int(getattr(hf_config, "vocab_size", 0) or 0))
+        _check_lora_targets(config, hf_config)
+        _check_storage(Path(config.storage_path))
+    except (models.ModelError, DataError) as exc:
+        raise PreflightError(str(exc)) from exc
+
+
+def _check_strategy(config: TrainerConfig) -> None:
+    on_gpu = config.scaling.use_gpu
+    if not on_gpu and config.training.precision == "fp16":
+        raise PreflightError("training.precision fp16 needs GPUs; use fp32 or bf16 (CPUs compute in fp32)")
+    ds = config.strategy.deepspeed
+    if config.strategy.type == "deepspeed":
+        if ds is not None and ds.offload_params and ds.zero_stage != 3:
+            raise PreflightError("strategy.deepspeed.offloadParams needs zeroStage: 3")
+        if ds is not None and ds.offload_optimizer and not on_gpu:
+            raise PreflightError("strategy.deepspeed.offloadOptimizer needs GPUs")
+        try:
+            import deepspeed  # noqa: F401
+        except ImportError as exc:
+            raise PreflightError(f"strategy.type deepspeed: DeepSpeed is not installed ({exc})") from exc
+
+
+def _check_dataset(config: TrainerConfig) -> None:
+    if config.dataset.path is not None:
+        data_files(Path(config.dataset.path))  # raises DataError naming the path
+
+
+def _check_tokenizer(config: TrainerConfig, vocab_size: int) -> None:
+    try:
+        tokenizer = load_tokenizer(config.model)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PreflightError(
+            f"model.tokenizer {config.model.tokenizer or config.model.name!r}: cannot load it ({first})"
+        ) from exc
+    if vocab_size and len(tokenizer) > vocab_size:
+        raise PreflightError(
+            f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab_size}; "
+            f"raise model.config.vocab_size to at least {len(tokenizer)}"
+        )
+
+
+def _check_lora_targets(config: TrainerConfig, hf_config: PretrainedConfig) -> None:
+    if config.method.type != "lora":
+        return
+    targets = (config.method.lora or LoraSpec()).target_modules
+    skeleton = models.build_from_config(hf_config, torch.float32, meta=True, seed=0)
+    leaf_names = {name.rsplit(".", 1)[-1] for name, _ in skeleton.named_modules()}
+    unknown = [t for t in targets if t not in leaf_names]
+    if unknown:
+        raise PreflightError(
+            f"method.lora.targetModules {unknown} name no module of {hf_config.model_type} "
+            f"(it has e.g. {sorted(n for n in leaf_names if n.endswith('proj'))[:8]})"
+        )
+
+
+def _check_storage(storage: Path) -> None:
+    try:
+        storage.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PreflightError(f"storage path {storage} cannot be created: {exc.strerror or exc}") from exc
+    if not os.access(storage, os.W_OK):
+        raise PreflightError(f"storage path {storage} is not writable by uid {os.getuid()}")

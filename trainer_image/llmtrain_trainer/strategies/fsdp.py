@@ -1,0 +1,227 @@
+"""FSDP2: `fully_shard` per transformer block and at the root, built on the meta device.
+
+No rank holds the full model for a pretrained checkpoint: parameters are created on meta, sharded,
+then each rank reads only its slices from the safetensors files (DCP's Hugging Face reader). A model
+from an inline config is initialised once on rank 0 from the seed and broadcast shard by shard, so
+its weights do not depend on the world size. Checkpoints are sharded `torch.distributed.checkpoint`
+directories, which reshard on load when the world size changes.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from llmtrain.api.spec import FsdpSpec
+from torch import nn
+from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.checkpoint.state_dict_loader import load
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
+from torch.distributed.tensor import DTensor
+
+from llmtrain_trainer import model as models
+from llmtrain_trainer.optim import build_optimizer, build_scheduler
+from llmtrain_trainer.strategies import Strategy, WorkerEnv, rank_zero_first
+from llmtrain_trainer.strategies.sharded_state import (
+    gather_full_state,
+    load_training_state,
+    save_training_state,
+)
+
+if TYPE_CHECKING:
+    from llmtrain.api.trainer_config import TrainerConfig
+
+log = logging.getLogger(__name__)
+
+
+class FsdpStrategy(Strategy):
+    name = "fsdp"
+
+    def __init__(
+        self, config: TrainerConfig, env: WorkerEnv, total_steps: int, initial_weights: bool = True
+    ) -> None:
+        super().__init__(config, env, total_steps, initial_weights)
+        spec = config.strategy.fsdp or FsdpSpec()
+        hf_config = models.model_config(config.model)
+
+        model: nn.Module = models.build_from_config(
+            hf_config, torch.float32, meta=True, seed=config.training.seed
+        )
+        model = models.apply_lora(model, config.method)
+        if config.training.gradient_checkpointing:
+            models.enable_gradient_checkpointing(model)
+        buffers = {name: buf.detach().clone() for name, buf in model.named_buffers()}
+
+        self.sharded = shard(model, env, spec, self.dtype)
+        model.to_empty(device=env.device)
+        with torch.no_grad():
+            for name, buf in model.named_buffers():
+                buf.copy_(buffers[name])
+        if self.initial_weights:
+            self._load_initial_weights(model, hf_config)
+
+        self.model = model
+        self.optimizer = build_optimizer(model.parameters(), config.training, env.on_gpu)
+        self.scheduler = build_scheduler(self.optimizer, config.training, total_steps)
+        self.scaler = _grad_scaler(self.dtype)
+        # LoRA checkpoints hold the adapters only: the frozen base comes from the pretrained weights.
+        self._options = StateDictOptions(ignore_frozen_params=self.lora, strict=not self.lora)
+
+    # -------------------------------------------------------------------------- initial weights
+
+    def _load_initial_weights(self, model: nn.Module, hf_config: Any) -> None:
+        spec = self.config.model
+        if models.is_pretrained(spec) and self._load_pretrained_shards(model):
+            if self.lora:
+                torch.manual_seed(self.config.training.seed)
+                models.reset_lora_parameters(model)
+            return
+        full: dict[str, Any] = {}
+        if self.env.is_main:
+            if models.is_pretrained(spec):
+                log.info("loading %s on rank 0 and broadcasting it", spec.name)
+                reference: nn.Module = models.load_pretrained(spec, torch.float32)
+            else:
+                reference = models.build_from_config(
+                    hf_config, torch.float32, meta=False, seed=self.config.training.seed
+                )
+            torch.manual_seed(self.config.training.seed)
+            reference = models.apply_lora(reference, self.config.method)
+            full = reference.state_dict()
+        set_model_state_dict(
+            model,
+            full,
+            options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False),
+        )
+
+    def _load_pretrained_shards(self, model: nn.Module) -> bool:
+        """Each rank reads its own slices straight from the safetensors files, if names match."""
+        with rank_zero_first(self.env):  # one download into the shared Hugging Face cache
+            folder = models.weights_path(self.config.model)
+        if folder is None:
+            return False
+        reader = HuggingFaceStorageReader(str(folder))
+        available = set(reader.read_metadata().state_dict_metadata)
+        wanted = {
+            models.hf_parameter_name(name): param
+            for name, param in model.named_parameters()
+            if "lora_" not in name
+        }
+        missing = set(wanted) - available
+        tied = (
+            {"lm_head.weight"}
+            if getattr(models.unwrap_peft(model).config, "tie_word_embeddings", False)
+            else set()
+        )
+        if missing - tied:
+            log.info(
+                "checkpoint names differ from the model's (%s...); loading on rank 0 instead",
+                sorted(missing)[:3],
+            )
+            return False
+        state = {key: value for key, value in wanted.items() if key in available}
+        log.info("reading %d tensors of %s into local shards", len(state), folder)
+        load(state, storage_reader=HuggingFaceStorageReader(str(folder)))
+        return True
+
+    # -------------------------------------------------------------------------- stepping
+
+    def _backward(self, loss: torch.Tensor, last_micro_batch: bool) -> None:
+        # Without sync, FSDP keeps unsharded gradients locally until the step's last micro-batch.
+        self.sharded[-1].set_requires_gradient_sync(last_micro_batch)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+        else:
+            loss.backward()  # type: ignore[no-untyped-call]
+
+    def step(self) -> torch.Tensor | float | None:
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        max_norm = self.config.training.max_grad_norm
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm.detach()
+
+    @property
+    def learning_rate(self) -> float:
+        return float(self.scheduler.get_last_lr()[0])
+
+    # -------------------------------------------------------------------------- state
+
+    def save(self, directory: Path) -> None:
+        save_training_state(
+            self.model, self.optimizer, self.scheduler, directory, self.env.is_main, self._options
+        )
+
+    def load(self, directory: Path) -> None:
+        load_training_state(self.model, self.optimizer, self.scheduler, directory, self._options)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        return gather_full_state(self.model, self.env.is_main)
+
+
+def shard(model: nn.Module, env: WorkerEnv, spec: FsdpSpec, dtype: torch.dtype) -> list[FSDPModule]:
+    """`fully_shard` every transformer block, then the root, on an explicit 1-D device mesh.
+
+    The mesh is built for the worker's own device type: FSDP2's default mesh picks CUDA whenever it
+    is visible, which crashes a gloo (CPU) process group. On gloo, reductions are forced to SUM then
+    divided, because gloo's AVG gives wrong gradients (pytorch#162338).
+    """
+    mesh = init_device_mesh(env.device.type, (env.world_size,))
+    mixed = (
+        MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        if dtype != torch.float32
+        else MixedPrecisionPolicy()
+    )
+    offload: OffloadPolicy = OffloadPolicy()
+    if spec.cpu_offload:
+        if env.on_gpu:
+            offload = CPUOffloadPolicy()
+        else:
+            log.info("strategy.fsdp.cpuOffload has no effect on CPU workers")
+    sharded: list[FSDPModule] = []
+    for block in models.transformer_blocks(model):
+        fully_shard(
+            block,
+            mesh=mesh,
+            reshard_after_forward=spec.reshard_after_forward,
+            mp_policy=mixed,
+            offload_policy=offload,
+        )
+        sharded.append(block)  # type: ignore[arg-type]
+    # The root's parameters (embeddings, head) are needed again right away by backward.
+    fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mixed, offload_policy=offload)
+    sharded.append(model)  # type: ignore[arg-type]
+    if dist.get_backend() == "gloo":
+        for module in sharded:
+            module.set_force_sum_reduction_for_comms(True)
+    return sharded
+
+
+def _grad_scaler(dtype: torch.dtype) -> Any:
+    """fp16 needs loss scaling; bf16 and fp32 do not."""
+    if dtype != torch.float16:
+        return None
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    return ShardedGradScaler()

@@ -1,0 +1,66 @@
+"""Checkpoint and export helpers for torch-native strategies (FSDP2 and DDP), built on DCP.
+
+`torch.distributed.checkpoint` writes one file per rank plus shared metadata and reshards on load,
+so a run can resume on a different number of workers. The LR schedule is tiny and saved by rank 0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.checkpoint.state_dict_loader import load
+from torch.distributed.checkpoint.state_dict_saver import save
+from torch.optim.lr_scheduler import LRScheduler
+
+SCHEDULER_FILE = "scheduler.pt"
+
+
+def save_training_state(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+    directory: Path,
+    is_main: bool,
+    options: StateDictOptions,
+) -> None:
+    """Every rank writes its shards of model and optimizer; rank 0 adds the schedule."""
+    model_state, optim_state = get_state_dict(model, optimizer, options=options)
+    save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(directory))
+    if is_main:
+        torch.save(scheduler.state_dict(), directory / SCHEDULER_FILE)
+
+
+def load_training_state(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+    directory: Path,
+    options: StateDictOptions,
+) -> None:
+    """Read what `save_training_state` wrote into this rank's shards (resharding as needed)."""
+    model_state, optim_state = get_state_dict(model, optimizer, options=options)
+    state: dict[str, Any] = {"model": model_state, "optimizer": optim_state}
+    load(state, checkpoint_id=str(directory))
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optimizer"],
+        options=options,
+    )
+    scheduler.load_state_dict(torch.load(directory / SCHEDULER_FILE, weights_only=False))
+
+
+def gather_full_state(model: nn.Module, is_main: bool) -> dict[str, torch.Tensor] | None:
+    """All ranks take part; rank 0 receives the unsharded weights on CPU, one tensor at a time."""
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return cast(dict[str, torch.Tensor], state) if is_main else None
