@@ -21,6 +21,7 @@ from tests.trainer.helpers import REPO
 def ray_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     import ray
 
+    saved = dict(os.environ)
     os.environ.pop("RAY_ADDRESS", None)  # never join someone else's cluster
     # Workers inherit the environment: let them import test modules and skip DeepSpeed's CUDA probe.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
@@ -38,6 +39,8 @@ def ray_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         ray.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @pytest.fixture

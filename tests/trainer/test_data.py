@@ -123,3 +123,16 @@ def test_distributed_order_covers_epoch_once_and_resumes_exactly() -> None:
     rest, _ = _walk(dataset, world=2, batches=5, position=position)
     assert first + rest == straight, "resuming from the saved position neither repeats nor skips"
     assert straight[20:] != straight[:12], "each epoch has its own order"
+
+
+def test_tiny_stories_match_their_generator() -> None:
+    """The shipped demo data is exactly what examples/data/generate_tiny_stories.py writes."""
+    import importlib.util
+
+    script = TINY_STORIES.with_name("generate_tiny_stories.py")
+    spec = importlib.util.spec_from_file_location("generate_tiny_stories", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert TINY_STORIES.read_text(encoding="utf-8") == module.generate()
+    assert TINY_STORIES.stat().st_size < 300_000

@@ -248,6 +248,11 @@ def collate(
     """
     longest = max(len(e["input_ids"]) for e in examples)
     length = -(-longest // multiple_of) * multiple_of
+    if all(len(e["input_ids"]) == length for e in examples):  # packed: one tensor per field
+        return {
+            "input_ids": torch.tensor([e["input_ids"] for e in examples], dtype=torch.long),
+            "labels": torch.tensor([e["labels"] for e in examples], dtype=torch.long),
+        }
     input_ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
     labels = torch.full((len(examples), length), IGNORE_INDEX, dtype=torch.long)
     attention_mask = torch.zeros((len(examples), length), dtype=torch.long)
@@ -256,8 +261,6 @@ def collate(
         input_ids[row, :n] = torch.tensor(example["input_ids"], dtype=torch.long)
         labels[row, :n] = torch.tensor(example["labels"], dtype=torch.long)
         attention_mask[row, :n] = 1
-    if all(len(e["input_ids"]) == length for e in examples):
-        return {"input_ids": input_ids, "labels": labels}
     return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
 
 

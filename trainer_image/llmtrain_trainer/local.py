@@ -121,7 +121,7 @@ def plot_loss_curve(run_dir: Path, path: Path) -> None:
 def print_summary(console: Console, summary: dict[str, Any]) -> None:
     table = Table(title=f"llmtrain run summary: {Path(summary['run_dir']).name}", show_header=False)
     table.add_column(style="bold")
-    table.add_column()
+    table.add_column(overflow="fold")
 
     def fmt(value: Any) -> str:
         if isinstance(value, float):

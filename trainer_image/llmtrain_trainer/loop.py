@@ -36,6 +36,7 @@ from llmtrain_trainer.strategies import (
     input_token_count,
     make_strategy,
     rank_zero_first,
+    scalar,
     token_loss_sum,
     trained_tokens,
 )
@@ -182,12 +183,11 @@ class TrainingRun:
             env.world_size,
         )
         # Packed text has the same number of trained tokens in every micro-batch: no need to count
-        # them across ranks before each step.
-        fixed_tokens = (
+        # them, let alone across ranks, before each step.
+        fixed_local_tokens = (
             training.micro_batch_size
             * (config.dataset.max_seq_length - 1)
             * training.gradient_accumulation_steps
-            * env.world_size
             if data.fixed_label_count
             else None
         )
@@ -200,8 +200,11 @@ class TrainingRun:
                 {k: v.to(env.device, non_blocking=True) for k, v in batches.next_batch().items()}
                 for _ in range(training.gradient_accumulation_steps)
             ]
-            local_trained = sum(trained_tokens(mb["labels"]) for mb in micro_batches)
-            step_trained = fixed_tokens if fixed_tokens is not None else self._sum_over_ranks(local_trained)
+            if fixed_local_tokens is not None:
+                local_trained, step_trained = fixed_local_tokens, fixed_local_tokens * env.world_size
+            else:
+                local_trained = sum(trained_tokens(mb["labels"]) for mb in micro_batches)
+                step_trained = self._sum_over_ranks(local_trained)
             scale = env.world_size / max(step_trained, 1)
             for i, micro_batch in enumerate(micro_batches):
                 loss_sum = strategy.forward_backward(
@@ -231,7 +234,7 @@ class TrainingRun:
                         self.total,
                         loss=loss,
                         learning_rate=strategy.learning_rate,
-                        grad_norm=None if grad_norm is None else float(grad_norm),
+                        grad_norm=None if grad_norm is None else scalar(grad_norm),
                         tokens_per_second=rate,
                         mfu=mfu,
                         eta_seconds=eta_seconds(self.total - state.step, seconds_per_step),

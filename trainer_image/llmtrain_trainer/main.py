@@ -74,16 +74,6 @@ def build_trainer(config: TrainerConfig, options: LoopOptions | None = None) -> 
     )
 
 
-def failure_reason(exc: BaseException) -> str:
-    """One line out of a Ray Train failure: the first worker's own exception, if there is one."""
-    failures = getattr(exc, "worker_failures", None)
-    if failures:
-        rank = min(failures)
-        return f"worker {rank}: {_last_line(failures[rank])}"
-    cause = getattr(exc, "controller_failure", None)
-    return _last_line(cause if cause is not None else exc)
-
-
 def root_cause(exc: BaseException) -> str:
     """'<ErrorClass> on rank <r>: <message>' for the operator's status message (e.g. an
     OutOfMemoryError or an NCCL timeout on one rank), unwrapping Ray's task-error wrapper."""
@@ -109,7 +99,7 @@ def run_training(config: TrainerConfig, options: LoopOptions | None = None) -> N
     try:
         trainer.fit()  # type: ignore[attr-defined]
     except TrainingFailedError as exc:
-        raise TrainingError(failure_reason(exc)) from exc
+        raise TrainingError(root_cause(exc)) from exc
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -133,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_training(config)
     except TrainingError as exc:
         print(f"{PROG}: error: training failed: {exc}", file=sys.stderr)
-        report_failure(config, root_cause(exc.__cause__ or exc))
+        report_failure(config, str(exc))  # the operator shows it in the job status
         return 1
     log.info(
         "run %s finished; export in %s",

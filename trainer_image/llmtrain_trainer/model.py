@@ -11,7 +11,6 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import torch
 from llmtrain.api.spec import LoraSpec, MethodSpec, ModelSpec
@@ -235,12 +234,3 @@ def flops_per_token(config: PretrainedConfig, n_params: int, seq_length: int) ->
     # The input embedding is a lookup, not a matmul; a tied output head still does the matmul.
     non_embedding = n_params - (0 if tied else vocab * hidden)
     return 6.0 * non_embedding + 12.0 * layers * hidden * seq_length
-
-
-def describe(config: PretrainedConfig) -> dict[str, Any]:
-    return {
-        "model_type": config.model_type,
-        "hidden_size": getattr(config, "hidden_size", None),
-        "layers": getattr(config, "num_hidden_layers", None),
-        "vocab_size": getattr(config, "vocab_size", None),
-    }

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from llmtrain.api.crd import PRINTER_COLUMNS
 from llmtrain.api.trainer_config import ProgressSpec
 from llmtrain.api.validation import parse_job
 from llmtrain.render.trainer_config import local_trainer_config
 from llmtrain_trainer.kube_progress import API_SERVER_ENV
+
 from tests.support.apiserver.server import ApiServer
 from tests.support.jobs import REPO_ROOT, load_example
 

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from llmtrain_trainer.data import IGNORE_INDEX
 
@@ -107,8 +108,8 @@ class Strategy(abc.ABC):
     def step(self) -> torch.Tensor | float | None:
         """Clip, update, advance the schedule, clear gradients; return the gradient norm.
 
-        A tensor norm stays on the device: the loop reads it only when it logs, to avoid a
-        host-device sync on every step."""
+        A tensor norm (possibly a DTensor) stays on the device: the loop reads it with
+        `scalar()` only when it logs, to avoid a host-device sync on every step."""
 
     @property
     @abc.abstractmethod
@@ -139,6 +140,13 @@ def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         ignore_index=IGNORE_INDEX,
         reduction="sum",
     )
+
+
+def scalar(value: torch.Tensor | float) -> float:
+    """A Python float from a (D)Tensor; for a DTensor, a collective every rank must reach."""
+    if isinstance(value, DTensor):
+        value = value.full_tensor()
+    return float(value)
 
 
 def trained_tokens(labels: torch.Tensor) -> int:

@@ -28,7 +28,6 @@ from torch.distributed.fsdp import (
     OffloadPolicy,
     fully_shard,
 )
-from torch.distributed.tensor import DTensor
 
 from llmtrain_trainer import model as models
 from llmtrain_trainer.optim import build_optimizer, build_scheduler
@@ -151,8 +150,6 @@ class FsdpStrategy(Strategy):
         max_norm = self.config.training.max_grad_norm
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
