@@ -25,6 +25,7 @@ import ray
 import ray.train
 import torch
 import torch.nn.functional as F
+import yaml
 from llmtrain.api.trainer_config import TrainerConfig
 from llmtrain_trainer.data import build_sequences
 from llmtrain_trainer.loop import LoopOptions
@@ -39,17 +40,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 REPO = Path(__file__).resolve().parents[1]
-TINY_LLAMA = {
-    "model_type": "llama",
-    "vocab_size": 384,
-    "hidden_size": 64,
-    "intermediate_size": 176,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 256,
-    "tie_word_embeddings": True,
-}
+# The demo's own model (examples/tiny-cpu.yaml), so tests and benchmarks train what users run.
+TINY_LLAMA: dict[str, Any] = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())["spec"][
+    "model"
+]["config"]
 
 
 def benchmark_config(storage: Path, name: str, steps: int) -> TrainerConfig:

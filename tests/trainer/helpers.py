@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import yaml
 from llmtrain.api.trainer_config import TrainerConfig
 from llmtrain_trainer.metrics import MetricsRecord
 from llmtrain_trainer.progress import read_records, step_history
@@ -14,17 +15,10 @@ from llmtrain_trainer.rundir import METRICS_FILE, RESULT_FILE
 REPO = Path(__file__).resolve().parents[2]
 TINY_STORIES = REPO / "examples" / "data" / "tiny-stories.txt"
 
-TINY_LLAMA: dict[str, Any] = {
-    "model_type": "llama",
-    "vocab_size": 384,
-    "hidden_size": 64,
-    "intermediate_size": 176,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 256,
-    "tie_word_embeddings": True,
-}
+# The demo's own model (examples/tiny-cpu.yaml), so tests and benchmarks train what users run.
+TINY_LLAMA: dict[str, Any] = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())["spec"][
+    "model"
+]["config"]
 
 
 def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
