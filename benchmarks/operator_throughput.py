@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import os
 import statistics
 import subprocess
@@ -47,7 +48,22 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-async def run(jobs: int, concurrency: int, namespace: str, workers: int) -> str:
+def requests_per_job(server: ApiServer, jobs: int) -> str:
+    """What the operator asked of the API server, per job, by verb and resource (the client's excluded)."""
+    counts: collections.Counter[str] = collections.Counter()
+    for request in server.requests():
+        if "kopf" not in request.headers.get("User-Agent", "") and "OpenAPI" not in request.headers.get(
+            "User-Agent", ""
+        ):
+            continue  # the benchmark's own aiohttp client
+        resource = request.resource.plural if request.resource else "-"
+        sub = f"/{request.subresource}" if request.subresource else ""
+        method = getattr(request.method, "value", request.method)
+        counts[f"{method} {resource}{sub}"] += 1
+    return ", ".join(f"{key} {n / jobs:.2f}" for key, n in counts.most_common())
+
+
+async def run(jobs: int, concurrency: int, rate: float, namespace: str, workers: int, log_level: str) -> str:
     crd_dir = kuberay_crd_dir()
     if crd_dir is None:
         raise SystemExit("KubeRay v1.7.0 CRDs not found (../shared/kuberay or $KUBERAY_CRD_DIR)")
@@ -73,7 +89,9 @@ async def run(jobs: int, concurrency: int, namespace: str, workers: int) -> str:
             "--metrics-port",
             "0",
             "--log-level",
-            os.environ.get("BENCH_LOG_LEVEL", "warning"),
+            log_level,
+            "--log-format",
+            "json",
         ],
         env=env,
         stdout=subprocess.DEVNULL,
@@ -89,6 +107,8 @@ async def run(jobs: int, concurrency: int, namespace: str, workers: int) -> str:
         async def create(i: int) -> None:
             name = f"bench-{i:05d}"
             doc = minimal_job(name, namespace)
+            if rate:  # an offered load: job i is due at start + i / rate
+                await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
             async with sem:
                 created_at[name] = time.monotonic()
                 await server.create(doc)
@@ -123,12 +143,15 @@ async def run(jobs: int, concurrency: int, namespace: str, workers: int) -> str:
             task.cancel()
         await creator
         total = max(status_at.values()) - start
+        created_s = max(created_at.values()) - start
         latencies = sorted((rayjob_at[n] - created_at[n]) * 1000 for n in created_at)
         p50 = statistics.median(latencies)
         p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
         rss = peak_rss_mb(proc.pid)
+        print(f"operator requests per job: {requests_per_job(server, jobs)}", flush=True)
         print(
-            f"operator cpu_s={cpu_seconds(proc.pid):.1f} wall_s={total:.1f} "
+            f"client created all jobs in {created_s:.1f} s; operator: {jobs / total:.0f} jobs/s, "
+            f"cpu_s={cpu_seconds(proc.pid):.1f} wall_s={total:.1f} "
             f"server+client cpu_s={time.process_time():.1f}",
             flush=True,
         )
@@ -143,11 +166,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=20, help="parallel creates by the client")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0,
+        help="jobs created per second (0: a burst, as fast as the API server takes them)",
+    )
     parser.add_argument("--workers", type=int, default=16, help="operator handler threads")
     parser.add_argument("--namespace", default="bench")
+    parser.add_argument(
+        "--log-level", default="info", help="the operator's, as deployed by the chart (JSON logs to a file)"
+    )
     args = parser.parse_args()
-    print(f"creating {args.jobs} LLMTrainingJobs (client concurrency {args.concurrency})", flush=True)
-    print(asyncio.run(run(args.jobs, args.concurrency, args.namespace, args.workers)))
+    load = f"{args.rate:g} jobs/s" if args.rate else f"a burst, client concurrency {args.concurrency}"
+    print(f"creating {args.jobs} LLMTrainingJobs ({load}); operator threads {args.workers}", flush=True)
+    print(
+        asyncio.run(run(args.jobs, args.concurrency, args.rate, args.namespace, args.workers, args.log_level))
+    )
 
 
 if __name__ == "__main__":

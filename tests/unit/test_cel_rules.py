@@ -1,4 +1,5 @@
-"""Every CEL rule of the CRD evaluated on a passing and a failing value (cel-python).
+"""Every CEL rule of the CRD evaluated on a passing and a failing value, by two implementations:
+the product's (`common-expression-language`, Rust) and the test API server's (`cel-python`).
 
 The table is keyed by rule text: a rule added to the models without an entry here fails the
 coverage test, so no rule ships untested.
@@ -10,8 +11,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from llmtrain.api.cel import evaluate_rule
+from llmtrain.api.cel import evaluate_rule, violations
 from llmtrain.api.crd import openapi_schema
+
+from tests.support.apiserver import cel as server_cel
 
 SELF_EQ = "self == oldSelf"
 
@@ -113,6 +116,21 @@ def test_rule_passes_and_fails(rule: str, good: Any, bad: Any, old: Any) -> None
     else:
         assert evaluate_rule(rule, good, old)
         assert not evaluate_rule(rule, bad, old)
+    previous = server_cel.MISSING if old is None else old
+    assert server_cel.check([{"rule": rule}], good, previous, {}, "") == []
+    assert server_cel.check([{"rule": rule}], bad, previous, {}, "") != []
+
+
+def test_integers_in_number_fields_are_doubles_as_the_api_server_types_them() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"lr": {"type": "number"}, "steps": {"type": "integer"}},
+        "x-kubernetes-validations": [
+            {"rule": "type(self.lr) == double", "message": "lr"},
+            {"rule": "type(self.steps) == int", "message": "steps"},
+        ],
+    }
+    assert violations(schema, {"lr": 1, "steps": 2}) == []
 
 
 def test_immutable_fields_and_mutable_ones() -> None:

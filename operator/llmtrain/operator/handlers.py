@@ -44,8 +44,9 @@ def _event(body: Any, kind: str, reason: str, message: str) -> None:
 
 @kopf.on.startup()
 def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    operator_settings.configure(settings, workers=int(os.environ.get("LLMTRAIN_OPERATOR_WORKERS", "16")))
-    memo.kube = Kube.from_environment()
+    workers = int(os.environ.get("LLMTRAIN_OPERATOR_WORKERS", "16"))
+    operator_settings.configure(settings, workers=workers)
+    memo.kube = Kube.from_environment(connections=workers)
     image = os.environ.get(TRAINER_IMAGE_ENV)
     memo.images = ImageSettings(trainer_image=image) if image else ImageSettings()
 
@@ -73,8 +74,8 @@ def _patch_status(kube: Kube, namespace: str, name: str, status: dict[str, Any])
 
 
 def _fail_permanently(
-    kube: Kube,
     body: kopf.Body,
+    patch: kopf.Patch,
     reason: str,
     message: str,
     generation: int | None,
@@ -88,11 +89,8 @@ def _fail_permanently(
             for c in conditions
             if c["type"] != "InvalidSpec"
         ]
-    _patch_status(
-        kube,
-        meta["namespace"],
-        meta["name"],
-        {"phase": "Failed", "message": message, "observedGeneration": generation, "conditions": conditions},
+    patch.status.update(
+        {"phase": "Failed", "message": message, "observedGeneration": generation, "conditions": conditions}
     )
     PHASE_BOOK.set(_key(meta["namespace"], meta["name"]), "Failed")
     ERRORS.labels(reason=reason).inc()
@@ -102,7 +100,15 @@ def _fail_permanently(
 @kopf.on.resume(API_GROUP, API_VERSION, PLURAL)
 @kopf.on.create(API_GROUP, API_VERSION, PLURAL)
 @kopf.on.update(API_GROUP, API_VERSION, PLURAL)
-def reconcile(body: kopf.Body, status: kopf.Status, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+def reconcile(
+    body: kopf.Body,
+    status: kopf.Status,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    logger: kopf.Logger,
+    **_: Any,
+) -> None:
+    """Status goes through Kopf's `patch`: one PATCH of /status carries it with Kopf's bookkeeping."""
     started = time.perf_counter()
     kube: Kube = memo.kube
     meta = body["metadata"]
@@ -114,12 +120,12 @@ def reconcile(body: kopf.Body, status: kopf.Status, memo: kopf.Memo, logger: kop
     except InvalidJob as exc:
         message = "invalid spec: " + "; ".join(str(p) for p in exc.problems)
         logger.warning(message)
-        _fail_permanently(kube, body, "InvalidSpec", message, generation, existing)
+        _fail_permanently(body, patch, "InvalidSpec", message, generation, existing)
         return
     try:
         result = ensure_all(kube, render(job, memo.images))
     except OwnershipConflict as exc:
-        _fail_permanently(kube, body, "ChildConflict", str(exc), generation, existing)
+        _fail_permanently(body, patch, "ChildConflict", str(exc), generation, existing)
         return
     except ApiError as err:
         ERRORS.labels(reason=f"Http{err.status}").inc()
@@ -127,7 +133,7 @@ def reconcile(body: kopf.Body, status: kopf.Status, memo: kopf.Memo, logger: kop
             logger.info(f"transient API error, retrying: {err}")
             raise kopf.TemporaryError(str(err), delay=err.retry_after or 2) from err
         message = f"cannot create the job's objects: {err}"
-        _fail_permanently(kube, body, "CreateFailed", message, generation, existing)
+        _fail_permanently(body, patch, "CreateFailed", message, generation, existing)
         return
     finally:
         RECONCILE_SECONDS.observe(time.perf_counter() - started)
@@ -151,7 +157,7 @@ def reconcile(body: kopf.Body, status: kopf.Status, memo: kopf.Memo, logger: kop
         update["rayJobName"] = result.rayjob["metadata"]["name"]
     if conditions != existing:
         update["conditions"] = conditions
-    _patch_status(kube, namespace, name, update)
+    patch.status.update(update)
 
 
 def _was_invalid(conditions: list[dict[str, Any]]) -> bool:

@@ -73,15 +73,21 @@ class Kube:
         self.api = api or k8s_client.ApiClient()
 
     @classmethod
-    def from_environment(cls) -> Kube:
-        """In a pod: the ServiceAccount; elsewhere: $KUBECONFIG or ~/.kube/config."""
+    def from_environment(cls, connections: int = 10) -> Kube:
+        """In a pod: the ServiceAccount; elsewhere: $KUBECONFIG or ~/.kube/config.
+
+        `connections` should match the handler threads: with fewer pooled connections than threads,
+        threads queue on urllib3's pool lock instead of on the API server.
+        """
         from kubernetes import config
 
         try:
             config.load_incluster_config()  # type: ignore[no-untyped-call]
         except config.ConfigException:
             config.load_kube_config()  # type: ignore[no-untyped-call]
-        return cls(k8s_client.ApiClient())
+        configuration = k8s_client.Configuration.get_default_copy()
+        configuration.connection_pool_maxsize = connections
+        return cls(k8s_client.ApiClient(configuration))
 
     def request(
         self, method: str, path: str, body: Any = None, content_type: str | None = None

@@ -18,7 +18,9 @@ def configure(settings: kopf.OperatorSettings, workers: int = 16) -> None:
     settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf.progress")
     settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage(field="status.kopf.lastHandled")
     settings.persistence.finalizer = FINALIZER
-    settings.posting.level = logging.INFO
+    # Events: the handlers' explicit ones (phase transitions, errors) plus warnings and errors logged
+    # on a job. Kopf's default (INFO) would also post every info line, ~7 Events per job created.
+    settings.posting.level = logging.WARNING
     # Resources are named explicitly; no need to watch CRDs or namespaces (less RBAC).
     settings.scanning.disabled = True
     settings.execution.max_workers = workers

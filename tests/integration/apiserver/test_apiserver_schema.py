@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -159,3 +160,30 @@ async def test_kuberay_rayjob_crd_validates_defaults_and_prunes(apiserver: ApiSe
     head = created["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]
     assert head["metadata"] == {"labels": {"app": "x"}}
     assert error.causes[0]["field"] == "spec.backoffLimit"
+
+
+async def test_unchanged_values_are_not_validated_again_on_update(bare_apiserver: ApiServer) -> None:
+    """Validation ratcheting: a value the CRD has since tightened survives writes that leave it alone."""
+    await widgets.install(bare_apiserver)
+    await bare_apiserver.create(widgets.widget(title="abcdefgh", tags=["a"]))
+    tightened = copy.deepcopy(widgets.SCHEMA)
+    spec = tightened["properties"]["spec"]["properties"]
+    spec["title"]["maxLength"] = 4
+    spec["tags"]["x-kubernetes-validations"] = [
+        {"rule": "self != oldSelf", "message": "tags must change on every write"}
+    ]
+    crd = await bare_apiserver.get(
+        "apiextensions.k8s.io/v1", "customresourcedefinitions", None, widgets.crd()["metadata"]["name"]
+    )
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"] = tightened
+    await bare_apiserver.replace(crd)
+
+    with pytest.raises(ApiError) as unchanged_tags:  # a transition rule runs even on an unchanged value
+        await bare_apiserver.patch(API, KIND, "default", "w", {"spec": {"color": "green"}})
+    kept = await bare_apiserver.patch(API, KIND, "default", "w", {"spec": {"color": "green", "tags": ["b"]}})
+    with pytest.raises(ApiError) as changed_title:
+        await bare_apiserver.patch(API, KIND, "default", "w", {"spec": {"title": "abcdefghi", "tags": ["c"]}})
+
+    assert unchanged_tags.value.causes[0]["field"] == "spec.tags"
+    assert kept["spec"]["title"] == "abcdefgh" and kept["spec"]["color"] == "green"
+    assert [c["field"] for c in changed_title.value.causes] == ["spec.title"]

@@ -30,7 +30,7 @@ from tests.support.apiserver import selectors
 from tests.support.apiserver.errors import FieldError, StatusError, invalid
 from tests.support.apiserver.faults import Faults
 from tests.support.apiserver.lifecycle import Lifecycle, details, served
-from tests.support.apiserver.registry import Registry, ResourceType, version_priority
+from tests.support.apiserver.registry import Registry, ResourceType, kmock_resource, version_priority
 from tests.support.apiserver.store import Obj, Store
 
 T = TypeVar("T")
@@ -131,7 +131,7 @@ class Emulator(kmock.KubernetesEmulator):
             text=body.decode(errors="replace"),
             data=data,
             raw_request=raw,
-            resource=kmock.resource(route.group, route.version, route.plural),
+            resource=kmock_resource(route.group, route.version, route.plural),
             namespace=route.namespace,
             name=route.name,
             subresource=route.subresource,

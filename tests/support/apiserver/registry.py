@@ -7,6 +7,7 @@ A resource is keyed by (group, plural), not by version: like the real server, ob
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -61,7 +62,13 @@ class ResourceType:
 
     def storage_key(self) -> kmock.resource:
         """The key of this resource's objects in kmock's `ObjectsArray`."""
-        return kmock.resource(self.group, self.storage_version, self.plural)
+        return kmock_resource(self.group, self.storage_version, self.plural)
+
+
+@functools.cache
+def kmock_resource(group: str, version: str, plural: str) -> kmock.resource:
+    """kmock's immutable resource key, built once: its constructor's protocol checks are slow."""
+    return kmock.resource(group, version, plural)
 
 
 def version_priority(version: str) -> tuple[int, int, int]:

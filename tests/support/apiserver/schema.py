@@ -3,8 +3,10 @@
 The order and rules follow the apiextensions server: first nulls of non-nullable fields are dropped,
 then defaults fill missing fields, then unknown fields are pruned unless a node says
 `x-kubernetes-preserve-unknown-fields`; finally the result is validated (OpenAPI keywords, list types,
-CEL rules). The root and every `x-kubernetes-embedded-resource` keep `apiVersion`, `kind` and the
-ObjectMeta fields of `metadata` whatever their schema says, because the server treats them as objects.
+CEL rules), with ratcheting on updates: a value equal to its old value is not validated again, except
+by transition rules (validation ratcheting, KEP-4008, on by default since Kubernetes 1.30). The root
+and every `x-kubernetes-embedded-resource` keep `apiVersion`, `kind` and the ObjectMeta fields of
+`metadata` whatever their schema says, because the server treats them as objects.
 """
 
 from __future__ import annotations
@@ -95,6 +97,9 @@ def validate(obj: dict[str, Any], schema: Schema, old: Any = MISSING) -> list[Fi
 def _validate(
     value: Any, schema: Schema, path: str, old: Any, errors: list[FieldError], *, embedded: bool = False
 ) -> None:
+    if old is not MISSING and value == old:
+        _check_transitions(value, schema, path, errors, embedded=embedded)
+        return
     if value is None:
         if not schema.get("nullable") and (schema.get("type") or schema.get("x-kubernetes-int-or-string")):
             errors.append(FieldError.type_invalid(path, value, schema.get("type") or "integer or string"))
@@ -118,6 +123,50 @@ def _validate(
         errors.extend(
             cel.check(schema["x-kubernetes-validations"], value, old, schema, path, root=path == "")
         )
+
+
+def _check_transitions(
+    value: Any, schema: Schema, path: str, errors: list[FieldError], *, embedded: bool
+) -> None:
+    """An unchanged value: only the transition rules in its schema are evaluated (ratcheting)."""
+    if not _has_transition_rules(schema):
+        return
+    rules = [
+        rule
+        for rule in schema.get("x-kubernetes-validations") or ()
+        if cel.is_transition(rule) and not cel.holds_when_unchanged(rule)
+    ]
+    if rules:
+        errors.extend(cel.check(rules, value, value, schema, path, root=path == ""))
+    if isinstance(value, dict):
+        props: dict[str, Schema] = schema.get("properties") or {}
+        extra = schema.get("additionalProperties")
+        embedded = embedded or bool(schema.get("x-kubernetes-embedded-resource"))
+        for key, item in value.items():
+            sub = props.get(key) or (extra if isinstance(extra, dict) and key not in props else None)
+            if sub is not None and not (embedded and key in _RESOURCE_KEYS):
+                where = _join(path, key) if key in props else f"{path}[{key}]"
+                _check_transitions(item, sub, where, errors, embedded=False)
+    elif isinstance(value, list) and schema.get("x-kubernetes-list-type") == "map":
+        for index, item in enumerate(value):  # only map-list items correlate with old items
+            _check_transitions(item, schema.get("items") or {}, f"{path}[{index}]", errors, embedded=False)
+
+
+_TRANSITIONS: dict[int, tuple[Schema, bool]] = {}  # id(schema) -> (schema, answer); keeps the id alive
+
+
+def _has_transition_rules(schema: Schema) -> bool:
+    cached = _TRANSITIONS.get(id(schema))
+    if cached is not None and cached[0] is schema:
+        return cached[1]
+    subs = [*(schema.get("properties") or {}).values()]
+    subs += [s for s in (schema.get("items"), schema.get("additionalProperties")) if isinstance(s, dict)]
+    answer = any(
+        cel.is_transition(rule) and not cel.holds_when_unchanged(rule)
+        for rule in schema.get("x-kubernetes-validations") or ()
+    ) or any(_has_transition_rules(sub) for sub in subs)
+    _TRANSITIONS[id(schema)] = (schema, answer)
+    return answer
 
 
 def _type_ok(value: Any, schema: Schema, path: str, errors: list[FieldError]) -> bool:

@@ -1,10 +1,11 @@
 """Object storage with resourceVersions, per-resource event logs for watches, and garbage collection.
 
-Objects live in kmock's `ObjectsArray` (so tests can read every past version of an object), stamped
-with one cluster-wide resourceVersion counter like etcd's revision. Every write appends an event to
-its resource's log; a watch replays the log after its `resourceVersion`, so nothing is lost or sent
-twice between a list and the watch that follows it. All methods except `watch` are synchronous and
-so atomic on the server's event loop.
+Every version of an object is kept in kmock's `ObjectsArray` (so tests can read an object's past),
+stamped with one cluster-wide resourceVersion counter like etcd's revision. Reads go to an index of
+the live objects by resource, by name and by uid, so a request costs the same with 10 or 10,000
+objects stored. Every write appends an event to its resource's log; a watch replays the log after its
+`resourceVersion`, so nothing is lost or sent twice between a list and the watch that follows it. All
+methods except `watch` are synchronous and so atomic on the server's event loop.
 """
 
 from __future__ import annotations
@@ -48,30 +49,32 @@ class Store:
         self._compacted_rv = 0
         self._wakeup = asyncio.Event()
         self._closed = False
+        # The live objects: resource key -> (namespace or "", name) -> object; objects are never mutated.
+        self._live: dict[tuple[str, str], dict[tuple[str, str], Obj]] = defaultdict(dict)
+        self._uids: dict[str, Obj] = {}
+        # Garbage collection scans everything, so it runs only when a write could have given it work:
+        # a deletion, a dangling owner reference, or an object held by finalizers (`_terminating`).
+        self._gc_due = False
+        self._terminating: set[tuple[tuple[str, str], str, str]] = set()
 
     # -- reads -------------------------------------------------------------------------------------
 
     def get(self, rt: ResourceType, namespace: str | None, name: str) -> Obj | None:
-        key = (rt.storage_key(), namespace, name)
-        if key not in self.objects or self.objects[key].deleted:
-            return None
-        return self.objects[key].raw
+        obj = self._live[rt.key].get((namespace or "", name))
+        return None if obj is None else dict(obj)
 
     def items(self, rt: ResourceType, namespace: str | None = None) -> list[Obj]:
         """Live objects of a resource (optionally of one namespace), in etcd's key order."""
-        key = rt.storage_key()
-        found = [
-            (ns or "", name, obj.raw)
-            for (res, ns, name), obj in self.objects.items()
-            if res == key and not obj.deleted and (namespace is None or ns == namespace)
-        ]
-        return [raw for _, _, raw in sorted(found, key=lambda t: (t[0], t[1]))]
+        objects = self._live[rt.key]
+        keys = sorted(k for k in objects if namespace is None or k[0] == namespace)
+        return [dict(objects[k]) for k in keys]
 
     def live(self) -> Iterator[tuple[ResourceType, Obj]]:
-        for (res, _, _), obj in list(self.objects.items()):
-            rt = self.registry.get(res.group or "", res.plural or "")
-            if rt is not None and not obj.deleted:
-                yield rt, obj.raw
+        for key, objects in list(self._live.items()):
+            rt = self.registry.get(*key)
+            if rt is not None:
+                for obj in list(objects.values()):
+                    yield rt, dict(obj)
 
     # -- writes ------------------------------------------------------------------------------------
 
@@ -85,6 +88,7 @@ class Store:
             self.objects[key].create(obj)
         else:
             self.objects[key] = obj
+        self._index(rt, obj)
         self._log(rt, "ADDED", obj, None)
         return obj
 
@@ -97,12 +101,13 @@ class Store:
             new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
         new["metadata"]["resourceVersion"] = self._next_rv()
         key = (rt.storage_key(), new["metadata"].get("namespace"), new["metadata"]["name"])
+        self.objects[key].history.append(new)
         if new["metadata"].get("deletionTimestamp") and not _blocking_finalizers(rt, new):
-            self.objects[key].history.append(new)
             self.objects[key].delete()
+            self._unindex(rt, new)
             self._log(rt, "DELETED", new, old)
         else:
-            self.objects[key].history.append(new)
+            self._index(rt, new)
             self._log(rt, "MODIFIED", new, old)
         return new
 
@@ -137,6 +142,9 @@ class Store:
         content of terminating namespaces is deleted, and finalizers the controllers own are released
         when their work is done. Repeats until nothing changes, so chains of owners resolve at once.
         """
+        if not self._gc_due and not self._terminating:
+            return
+        self._gc_due = False
         changed = True
         while changed:
             changed = False
@@ -196,6 +204,7 @@ class Store:
             meta = obj["metadata"]
             gone = {**obj, "metadata": {**meta, "resourceVersion": self._next_rv()}}
             self.objects[rt.storage_key(), meta.get("namespace"), meta["name"]].delete()
+            self._unindex(rt, obj)
             self._log(rt, "DELETED", gone, obj)
 
     # -- watching ----------------------------------------------------------------------------------
@@ -242,6 +251,25 @@ class Store:
     def _next_rv(self) -> str:
         self.rv += 1
         return str(self.rv)
+
+    def _index(self, rt: ResourceType, obj: Obj) -> None:
+        meta = obj["metadata"]
+        position = (rt.key, meta.get("namespace") or "", meta["name"])
+        self._live[rt.key][position[1:]] = obj
+        self._uids[meta["uid"]] = obj
+        if meta.get("deletionTimestamp"):
+            self._terminating.add(position)
+        owners = [self._uids.get(ref.get("uid", "")) for ref in meta.get("ownerReferences") or ()]
+        if any(owner is None or owner["metadata"].get("deletionTimestamp") for owner in owners):
+            self._gc_due = True
+
+    def _unindex(self, rt: ResourceType, obj: Obj) -> None:
+        meta = obj["metadata"]
+        position = (rt.key, meta.get("namespace") or "", meta["name"])
+        self._live[rt.key].pop(position[1:], None)
+        self._uids.pop(meta["uid"], None)
+        self._terminating.discard(position)
+        self._gc_due = True  # its dependents may be orphans now
 
     def _log(self, rt: ResourceType, kind: str, obj: Obj, old: Obj | None) -> None:
         self._events[rt.key].append(Event(kind, obj, old, int(obj["metadata"]["resourceVersion"])))
