@@ -137,10 +137,10 @@ def reconcile(
         return
     finally:
         RECONCILE_SECONDS.observe(time.perf_counter() - started)
-    for key in result.created:
-        logger.info(f"created {key}")
-    for key in result.adopted:
-        logger.info(f"adopted {key}")
+    if result.created:
+        logger.info(f"created {', '.join(result.created)}")
+    if result.adopted:
+        logger.info(f"adopted {', '.join(result.adopted)}")
     update: dict[str, Any] = {"observedGeneration": generation}
     conditions = status_map.clear_invalid_spec(existing, generation, _now())
     if not status.get("phase") or (status.get("phase") == "Failed" and _was_invalid(existing)):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -12,18 +11,14 @@ from torch.nn.parallel import DistributedDataParallel
 
 from llmtrain_trainer import model as models
 from llmtrain_trainer.optim import build_optimizer, build_scheduler
-from llmtrain_trainer.strategies import Strategy, WorkerEnv, rank_zero_first
-from llmtrain_trainer.strategies.sharded_state import (
-    gather_full_state,
-    load_training_state,
-    save_training_state,
-)
+from llmtrain_trainer.strategies import WorkerEnv, rank_zero_first
+from llmtrain_trainer.strategies.torch_native import TorchNativeStrategy
 
 if TYPE_CHECKING:
     from llmtrain.api.trainer_config import TrainerConfig
 
 
-class DdpStrategy(Strategy):
+class DdpStrategy(TorchNativeStrategy):
     name = "ddp"
 
     def __init__(
@@ -60,35 +55,4 @@ class DdpStrategy(Strategy):
         return nullcontext() if last_micro_batch else self.ddp.no_sync()
 
     def _backward(self, loss: torch.Tensor, last_micro_batch: bool) -> None:
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()  # type: ignore[no-untyped-call]
-
-    def step(self) -> torch.Tensor | float | None:
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
-        max_norm = self.config.training.max_grad_norm
-        norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), max_norm if max_norm > 0 else float("inf")
-        )
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return norm.detach()
-
-    @property
-    def learning_rate(self) -> float:
-        return float(self.scheduler.get_last_lr()[0])
-
-    def save(self, directory: Path) -> None:
-        save_training_state(
-            self.model, self.optimizer, self.scheduler, directory, self.env.is_main, self._options
-        )
-
-    def load(self, directory: Path) -> None:
-        load_training_state(self.model, self.optimizer, self.scheduler, directory, self._options)
-
-    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        return gather_full_state(self.model, self.env.is_main)
+        self._scaled_backward(loss)

@@ -10,7 +10,6 @@ directories, which reshard on load when the world size changes.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -31,12 +30,8 @@ from torch.distributed.fsdp import (
 
 from llmtrain_trainer import model as models
 from llmtrain_trainer.optim import build_optimizer, build_scheduler
-from llmtrain_trainer.strategies import Strategy, WorkerEnv, rank_zero_first
-from llmtrain_trainer.strategies.sharded_state import (
-    gather_full_state,
-    load_training_state,
-    save_training_state,
-)
+from llmtrain_trainer.strategies import WorkerEnv, rank_zero_first
+from llmtrain_trainer.strategies.torch_native import TorchNativeStrategy
 
 if TYPE_CHECKING:
     from llmtrain.api.trainer_config import TrainerConfig
@@ -44,7 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class FsdpStrategy(Strategy):
+class FsdpStrategy(TorchNativeStrategy):
     name = "fsdp"
 
     def __init__(
@@ -139,42 +134,7 @@ class FsdpStrategy(Strategy):
     def _backward(self, loss: torch.Tensor, last_micro_batch: bool) -> None:
         # Without sync, FSDP keeps unsharded gradients locally until the step's last micro-batch.
         self.sharded[-1].set_requires_gradient_sync(last_micro_batch)
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward()
-        else:
-            loss.backward()  # type: ignore[no-untyped-call]
-
-    def step(self) -> torch.Tensor | float | None:
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
-        max_norm = self.config.training.max_grad_norm
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return norm.detach()
-
-    @property
-    def learning_rate(self) -> float:
-        return float(self.scheduler.get_last_lr()[0])
-
-    # -------------------------------------------------------------------------- state
-
-    def save(self, directory: Path) -> None:
-        save_training_state(
-            self.model, self.optimizer, self.scheduler, directory, self.env.is_main, self._options
-        )
-
-    def load(self, directory: Path) -> None:
-        load_training_state(self.model, self.optimizer, self.scheduler, directory, self._options)
-
-    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        return gather_full_state(self.model, self.env.is_main)
+        self._scaled_backward(loss)
 
 
 def shard(model: nn.Module, env: WorkerEnv, spec: FsdpSpec, dtype: torch.dtype) -> list[FSDPModule]:

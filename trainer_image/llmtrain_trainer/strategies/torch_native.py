@@ -1,0 +1,59 @@
+"""What FSDP2 and DDP share: a torch optimizer with an optional fp16 loss scaler, gradient clipping,
+and sharded DCP checkpoints (`sharded_state`). Subclasses build `model`, `optimizer`, `scheduler`,
+`scaler` and `_options`, and say how the backward of a micro-batch syncs gradients.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions
+from torch.optim.lr_scheduler import LRScheduler
+
+from llmtrain_trainer.strategies import Strategy
+from llmtrain_trainer.strategies.sharded_state import (
+    gather_full_state,
+    load_training_state,
+    save_training_state,
+)
+
+
+class TorchNativeStrategy(Strategy):
+    optimizer: torch.optim.Optimizer
+    scheduler: LRScheduler
+    scaler: torch.amp.GradScaler | None
+    _options: StateDictOptions
+
+    def _scaled_backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()  # type: ignore[no-untyped-call]
+
+    def step(self) -> torch.Tensor | float | None:
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        max_norm = self.config.training.max_grad_norm
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm.detach()
+
+    @property
+    def learning_rate(self) -> float:
+        return float(self.scheduler.get_last_lr()[0])
+
+    def save(self, directory: Path) -> None:
+        save_training_state(
+            self.model, self.optimizer, self.scheduler, directory, self.env.is_main, self._options
+        )
+
+    def load(self, directory: Path) -> None:
+        load_training_state(self.model, self.optimizer, self.scheduler, directory, self._options)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        return gather_full_state(self.model, self.env.is_main)
