@@ -108,11 +108,9 @@ def reconcile(
     logger: kopf.Logger,
     **_: Any,
 ) -> None:
-    """Status goes through Kopf's `patch`: one PATCH of /status carries it with Kopf's bookkeeping."""
     started = time.perf_counter()
     kube: Kube = memo.kube
     meta = body["metadata"]
-    namespace, name = meta["namespace"], meta["name"]
     generation = meta.get("generation")
     existing = list(status.get("conditions") or [])
     try:
@@ -144,20 +142,52 @@ def reconcile(
     update: dict[str, Any] = {"observedGeneration": generation}
     conditions = status_map.clear_invalid_spec(existing, generation, _now())
     if not status.get("phase") or (status.get("phase") == "Failed" and _was_invalid(existing)):
-        # The full mirrored status at once: the RayJob's first event then finds nothing to write.
-        observed = status_map.observe(result.rayjob.get("status"))
-        update.update(status_map.mirrored_fields(result.rayjob))
-        update.update(phase=observed.phase, message=observed.message)
-        conditions = status_map.conditions_for(
-            observed.phase, observed.reason, observed.message, generation, conditions, _now()
-        )
-        PHASE_BOOK.set(_key(namespace, name), observed.phase)
-        _event(body, "Normal", "Created", f"created RayJob {update['rayJobName']} and its objects")
-    else:
-        update["rayJobName"] = result.rayjob["metadata"]["name"]
+        _write_first_status(kube, body, result.rayjob, update, conditions)
+        return
+    update["rayJobName"] = result.rayjob["metadata"]["name"]
     if conditions != existing:
         update["conditions"] = conditions
-    patch.status.update(update)
+    patch.status.update(update)  # written with Kopf's own bookkeeping, in one request
+
+
+def _write_first_status(
+    kube: Kube,
+    body: kopf.Body,
+    rayjob: dict[str, Any],
+    update: dict[str, Any],
+    conditions: list[dict[str, Any]],
+) -> None:
+    """The full mirrored status, written now and only if the job is unchanged since this handler read it.
+
+    The RayJob's events may already have had its status mirrored (a newer state than the RayJob this
+    handler created): the resourceVersion precondition then fails with 409, and the retry finds the
+    phase set and writes only the reconciler's own fields.
+    """
+    meta = body["metadata"]
+    generation = meta.get("generation")
+    observed = status_map.observe(rayjob.get("status"))
+    update = {**update, **status_map.mirrored_fields(rayjob)}
+    update.update(phase=observed.phase, message=observed.message)
+    update["conditions"] = status_map.conditions_for(
+        observed.phase, observed.reason, observed.message, generation, conditions, _now()
+    )
+    precondition = {"resourceVersion": meta["resourceVersion"]}
+    try:
+        kube.merge_patch(
+            JOB_RESOURCE,
+            meta["namespace"],
+            meta["name"],
+            {"metadata": precondition, "status": update},
+            subresource="status",
+        )
+    except ApiError as err:
+        if err.status == 404:
+            return  # deleted meanwhile: nothing to report on
+        ERRORS.labels(reason=f"StatusHttp{err.status}").inc()
+        delay = 0.2 if err.status == 409 else err.retry_after or 2
+        raise kopf.TemporaryError(f"first status write: {err}", delay=delay) from err
+    PHASE_BOOK.set(_key(meta["namespace"], meta["name"]), observed.phase)
+    _event(body, "Normal", "Created", f"created RayJob {update['rayJobName']} and its objects")
 
 
 def _was_invalid(conditions: list[dict[str, Any]]) -> bool:

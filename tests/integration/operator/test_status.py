@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.integration.operator.conftest import (
@@ -131,3 +133,19 @@ async def test_suspended_rayjob_suspends_the_job(apiserver: ApiServer, operator:
     await set_rayjob_status(apiserver, "paused", {"jobDeploymentStatus": "Suspended"})
     await eventually(lambda: phase_of(apiserver, "paused") == "Suspended", what="Suspended")
     assert conditions_of(apiserver, "paused")["Suspended"]["status"] == "True"
+
+
+async def test_a_status_mirrored_before_the_first_status_write_is_not_overwritten(
+    apiserver: ApiServer, operator: object
+) -> None:
+    """KubeRay may move the RayJob on before the reconciler writes the job's first status; the
+    mirrored (newer) state must win over the state of the RayJob as the reconciler created it."""
+    apiserver.faults.delay("patch", "llmtrainingjobs/status", 3, times=1)  # the reconciler's write
+    await _started(apiserver, "race")
+    await set_rayjob_status(apiserver, "race", {"jobDeploymentStatus": "Initializing"})
+    await eventually(lambda: phase_of(apiserver, "race") == "Initializing", what="the mirrored phase")
+
+    await asyncio.sleep(4)  # the delayed first write has been answered (409) and retried
+
+    assert phase_of(apiserver, "race") == "Initializing"
+    assert [e["reason"] for e in events_for(apiserver, "race")].count("Created") <= 1
