@@ -139,12 +139,14 @@ def reconcile(
         logger.info(f"created {', '.join(result.created)}")
     if result.adopted:
         logger.info(f"adopted {', '.join(result.adopted)}")
-    update: dict[str, Any] = {"observedGeneration": generation}
     conditions = status_map.clear_invalid_spec(existing, generation, _now())
     if not status.get("phase") or (status.get("phase") == "Failed" and _was_invalid(existing)):
-        _write_first_status(kube, body, result.rayjob, update, conditions)
+        _write_first_status(kube, body, result.rayjob, conditions)
         return
-    update["rayJobName"] = result.rayjob["metadata"]["name"]
+    update: dict[str, Any] = {
+        "observedGeneration": generation,
+        "rayJobName": result.rayjob["metadata"]["name"],
+    }
     if conditions != existing:
         update["conditions"] = conditions
     patch.status.update(update)  # written with Kopf's own bookkeeping, in one request
@@ -154,7 +156,6 @@ def _write_first_status(
     kube: Kube,
     body: kopf.Body,
     rayjob: dict[str, Any],
-    update: dict[str, Any],
     conditions: list[dict[str, Any]],
 ) -> None:
     """The full mirrored status, written now and only if the job is unchanged since this handler read it.
@@ -166,11 +167,15 @@ def _write_first_status(
     meta = body["metadata"]
     generation = meta.get("generation")
     observed = status_map.observe(rayjob.get("status"))
-    update = {**update, **status_map.mirrored_fields(rayjob)}
-    update.update(phase=observed.phase, message=observed.message)
-    update["conditions"] = status_map.conditions_for(
-        observed.phase, observed.reason, observed.message, generation, conditions, _now()
-    )
+    update = {
+        "observedGeneration": generation,
+        **status_map.mirrored_fields(rayjob),
+        "phase": observed.phase,
+        "message": observed.message,
+        "conditions": status_map.conditions_for(
+            observed.phase, observed.reason, observed.message, generation, conditions, _now()
+        ),
+    }
     precondition = {"resourceVersion": meta["resourceVersion"]}
     try:
         kube.merge_patch(

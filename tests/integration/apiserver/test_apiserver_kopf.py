@@ -18,9 +18,9 @@ async def test_kopf_handles_a_create_once_and_a_delete_through_its_finalizer(
 ) -> None:
     await widgets.install(bare_apiserver)
     kopf_handlers.calls.clear()
-    args = ["run", "--standalone", "--namespace=default", "-m", "tests.integration.apiserver.kopf_handlers"]
+    args = ["run", "--standalone", "--namespace=default"]
 
-    with KopfRunner(args, timeout=60) as runner:
+    with KopfRunner(args, registry=kopf_handlers.registry, timeout=60) as runner:
         await bare_apiserver.create(widgets.widget("w", size=3))
         ready = await bare_apiserver.wait_for(
             API,

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from llmtrain.api.validation import parse_job
 from llmtrain.render import render
 
 from tests.integration.operator.conftest import (
     NS,
     conditions_of,
+    events_for,
     eventually,
     phase_of,
     stored_rayjob,
@@ -58,3 +61,14 @@ def _as_stored(want: object, got: object) -> object:
     if isinstance(want, list) and isinstance(got, list) and len(want) == len(got):
         return [_as_stored(w, g) for w, g in zip(want, got, strict=True)]
     return want
+
+
+async def test_only_transitions_and_errors_become_events(apiserver: ApiServer, operator: object) -> None:
+    """Kopf posts its info log lines as Events by default ("Logging"); the operator posts only its own."""
+    await apiserver.create(tiny_job("quiet"))
+    await eventually(
+        lambda: "Created" in [e["reason"] for e in events_for(apiserver, "quiet")], what="the Created event"
+    )
+    await asyncio.sleep(1)  # Kopf posts Events from a background queue
+
+    assert "Logging" not in [e["reason"] for e in events_for(apiserver, "quiet")]

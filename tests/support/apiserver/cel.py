@@ -84,7 +84,7 @@ def check(
     for rule in rules:
         text = rule["rule"]
         activation: dict[str, Any] = {"self": self_value}
-        if _OLD_SELF.search(text):
+        if is_transition(rule):
             if old is MISSING:
                 continue  # transition rules need an old value (optionalOldSelf is not supported)
             activation["oldSelf"] = typed(_visible_root(old) if root else old, schema)
