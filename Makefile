@@ -15,7 +15,7 @@ DEEPSPEED_SPEC ?= deepspeed==0.19.8
 PYTEST_ARGS ?= -m "not e2e"
 
 .PHONY: help install test lint format generate demo render-example manifests e2e \
-        bench-operator bench-trainer bench-gpu clean
+        tools cluster cluster-down bench-operator bench-trainer bench-gpu clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -31,8 +31,18 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create .venv and install llmtrain with every extra
 
-test: $(STAMP) ## run the whole test suite (unit, integration, trainer, chart, e2e checks)
+test: $(STAMP) tools ## run every test tier (unit, integration, real cluster, trainer, chart, e2e checks)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+tools: $(STAMP) ## build the real cluster's binaries from hack/tools/*/go.mod into ~/.cache/llmtrain/bin
+	$(PY) hack/tools/build.py
+
+CLUSTER_DIR ?= .cluster
+cluster: tools ## start a local cluster (real control plane, KubeRay, Kueue, fake GPU nodes) in .cluster/
+	$(PY) -m tests.support.cluster up --dir $(CLUSTER_DIR)
+
+cluster-down: ## stop every process `make cluster` started
+	$(PY) -m tests.support.cluster down --dir $(CLUSTER_DIR)
 
 lint: $(STAMP) ## ruff and mypy
 	$(BIN)/ruff check .

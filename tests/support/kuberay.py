@@ -1,71 +1,40 @@
-"""Locate the pinned KubeRay v1.7.0 CRDs for tests.
+"""KubeRay's CRDs for tests, from the KubeRay Go module pinned in hack/tools/kuberay.
 
-Order: ../shared/kuberay beside the checkout (CI), then $KUBERAY_CRD_DIR, then a download of the
-pinned files into a cache when a network is there. Never vendored into the repository.
+The same module builds the KubeRay operator the cluster tier runs, so the schemas the unit tests
+check against are the ones the real controller serves. Go's module cache holds the source (first
+use downloads it through the Go module proxy); nothing is vendored or read from outside the
+repository.
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import urllib.request
+import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
-KUBERAY_VERSION = "v1.7.0"
-_FILES = ("ray.io_rayjobs.yaml", "ray.io_rayclusters.yaml")
-_URL = "https://raw.githubusercontent.com/ray-project/kuberay/{v}/ray-operator/config/crd/bases/{f}"
 REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT / "hack" / "tools"))
+import build as tools  # noqa: E402
 
-
-def _has_all(d: Path) -> bool:
-    return all((d / f).is_file() for f in _FILES)
-
-
-def _download(dest: Path) -> bool:
-    try:
-        dest.mkdir(parents=True, exist_ok=True)
-        for f in _FILES:
-            if not (dest / f).is_file():
-                with urllib.request.urlopen(_URL.format(v=KUBERAY_VERSION, f=f), timeout=20) as r:
-                    (dest / f).write_bytes(r.read())
-        return True
-    except OSError:
-        return False
+KUBERAY_VERSION = tools.pinned_version("kuberay")
 
 
 @functools.cache
-def kuberay_crd_dir() -> Path | None:
-    candidates = [REPO_ROOT.parent / "shared" / "kuberay"]
-    if os.environ.get("KUBERAY_CRD_DIR"):
-        candidates.append(Path(os.environ["KUBERAY_CRD_DIR"]))
-    for d in candidates:
-        if _has_all(d):
-            return d
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "llmtrain" / "kuberay"
-    cache = cache / KUBERAY_VERSION
-    if _has_all(cache) or _download(cache):
-        return cache
-    return None
+def kuberay_crd_dir() -> Path:
+    return tools.module_dir("kuberay") / "config" / "crd" / "bases"
 
 
 def require_kuberay_crd_dir() -> Path:
-    d = kuberay_crd_dir()
-    if d is None:
-        pytest.skip(
-            "KubeRay v1.7.0 CRDs not found: expected ../shared/kuberay/ray.io_rayjobs.yaml, "
-            "or $KUBERAY_CRD_DIR, or network access to download them"
-        )
-    return d
+    """Kept for callers written when the CRDs could be missing: they now always resolve."""
+    return kuberay_crd_dir()
 
 
 @functools.cache
 def _load_crd(filename: str) -> dict[str, Any]:
-    d = require_kuberay_crd_dir()
-    data: dict[str, Any] = yaml.safe_load((d / filename).read_text())
+    data: dict[str, Any] = yaml.safe_load((kuberay_crd_dir() / filename).read_text())
     return data
 
 

@@ -1,0 +1,247 @@
+"""The cluster tier: one real cluster per test session (tests/support/cluster), the chart installed
+with the real Helm, and `llmtrain operator` as a local process authenticated as the chart's
+ServiceAccount, so the real RBAC authorizer and admission plugins judge every request it makes.
+
+Tests use their own namespaces (`namespace` fixture), labelled for the restricted Pod Security
+profile as production namespaces are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.cluster import nodes, processes
+from tests.support.cluster.cluster import REPO_ROOT, Cluster, tools
+
+PLATFORM_NAMESPACE = "llmtrain-system"
+RELEASE = "llmtrain"
+OPERATOR_SA = "llmtrain-operator"
+CHART = REPO_ROOT / "charts" / "llmtrain"
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    directory = tmp_path_factory.mktemp("cluster")
+    started = time.monotonic()
+    c = Cluster.up(directory)
+    print(f"\ncluster up in {time.monotonic() - started:.1f} s ({directory})")
+    try:
+        yield c
+    finally:
+        Cluster.down(directory)
+
+
+def helm(cluster: Cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    cmd = [cluster.bins["helm"], f"--kubeconfig={cluster.kubeconfig}", *args]
+    env = {
+        **os.environ,
+        "HELM_CACHE_HOME": str(cluster.directory / "helm" / "cache"),
+        "HELM_CONFIG_HOME": str(cluster.directory / "helm" / "config"),
+        "HELM_DATA_HOME": str(cluster.directory / "helm" / "data"),
+    }
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    if check and result.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed: {result.stderr}")
+    return result
+
+
+@pytest.fixture(scope="session")
+def platform(cluster: Cluster) -> str:
+    """`helm install` of charts/llmtrain (CRD, RBAC, ServiceAccount, Deployment); its namespace."""
+    helm(
+        cluster,
+        "install",
+        RELEASE,
+        str(CHART),
+        "-n",
+        PLATFORM_NAMESPACE,
+        "--create-namespace",
+        "--wait",
+        "--timeout=120s",
+    )
+    return PLATFORM_NAMESPACE
+
+
+@dataclass
+class OperatorProcess:
+    proc: subprocess.Popen[bytes]
+    log: Path
+    liveness_port: int
+    metrics_port: int
+    kubeconfig: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def start_operator(cluster: Cluster, directory: Path, name: str = "operator") -> OperatorProcess:
+    """`llmtrain operator` as the chart's ServiceAccount (a TokenRequest token, no admin rights)."""
+    token = cluster.token(OPERATOR_SA, PLATFORM_NAMESPACE, duration="6h")
+    kubeconfig = cluster.kubeconfig_for_token(directory / f"{name}.kubeconfig", token)
+    liveness, metrics = processes.free_port(), processes.free_port()
+    log = directory / f"{name}.log"
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "llmtrain.cli",
+                "operator",
+                f"--liveness-port={liveness}",
+                f"--metrics-port={metrics}",
+                "--log-format=plain",
+                "--log-level=info",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO_ROOT,
+        )
+    return OperatorProcess(proc, log, liveness, metrics, kubeconfig)
+
+
+@pytest.fixture(scope="session")
+def operator(
+    cluster: Cluster, platform: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    op = start_operator(cluster, tmp_path_factory.mktemp("operator"))
+    try:
+        yield op
+    finally:
+        op.stop()
+        forbidden = [
+            line for line in op.output().splitlines() if "403" in line and "forbidden" in line.lower()
+        ]
+        assert not forbidden, "the operator was refused by RBAC:\n" + "\n".join(forbidden[:10])
+
+
+@pytest.fixture
+def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:6]
+    name = f"t-{request.node.name[:40].lower().replace('_', '-').strip('-[]')}-{digest}"
+    name = "".join(ch if ch.isalnum() or ch == "-" else "-" for ch in name)[:63].strip("-")
+    cluster.apply(
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {
+                    "name": name,
+                    "labels": {
+                        "pod-security.kubernetes.io/enforce": "restricted",
+                        "pod-security.kubernetes.io/warn": "restricted",
+                    },
+                },
+            }
+        ]
+    )
+    # ServiceAccount admission refuses pods until the controller-manager made the default account.
+    wait_for(
+        lambda: cluster.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
+        what=f"ServiceAccount default in {name}",
+    )
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def wait_for(
+    check: Callable[[], Any], timeout: float = 60, interval: float = 0.5, what: str = "condition"
+) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except (AssertionError, KeyError, TypeError, IndexError) as e:
+            last = e
+        else:
+            if last:
+                return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last: {last!r}")
+
+
+def get(cluster: Cluster, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+    args = ["get", kind, name, "-o", "json"]
+    if namespace:
+        args += ["-n", namespace]
+    result = cluster.kubectl(*args, check=False)
+    if result.returncode != 0:
+        if "NotFound" in result.stderr or "not found" in result.stderr:
+            return None
+        raise AssertionError(result.stderr)
+    obj: dict[str, Any] = json.loads(result.stdout)
+    return obj
+
+
+def items(cluster: Cluster, kind: str, namespace: str, selector: str | None = None) -> list[dict[str, Any]]:
+    args = ["get", kind, "-n", namespace, "-o", "json"]
+    if selector:
+        args += ["-l", selector]
+    listed: list[dict[str, Any]] = json.loads(cluster.kubectl(*args).stdout)["items"]
+    return listed
+
+
+def apply_doc(
+    cluster: Cluster, doc: dict[str, Any], *, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """`kubectl apply` of one document, as a user would (client-side, strict field validation)."""
+    return cluster.kubectl("apply", "--validate=strict", "-f", "-", input=yaml.safe_dump(doc), check=check)
+
+
+def job_status(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    job = get(cluster, "llmtj", name, namespace) or {}
+    status: dict[str, Any] = job.get("status") or {}
+    return status
+
+
+def wait_phase(cluster: Cluster, namespace: str, name: str, *phases: str, timeout: float = 90) -> dict[str, Any]:
+    """Wait until the job's phase is one of `phases`; its status then."""
+    status: dict[str, Any] = wait_for(
+        lambda: (s := job_status(cluster, namespace, name)).get("phase") in phases and s,
+        timeout=timeout,
+        what=f"{namespace}/{name} phase in {phases}",
+    )
+    return status
+
+
+def end_ray_job(cluster: Cluster, namespace: str, rayjob: str, *, succeed: bool, message: str = "") -> None:
+    """What a real Ray job ending looks like to KubeRay: the dashboard reports the Ray job's status
+    and the submitter pod exits (0 or 1), both for every later attempt of this RayJob too."""
+    body = json.dumps({"status": "SUCCEEDED" if succeed else "FAILED", "message": message}).encode()
+    request = urllib.request.Request(f"{cluster.dashboard}/control/{namespace}/{rayjob}", data=body, method="PUT")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+    cluster.apply([nodes.pod_outcome_stage(tools.module_dir("kwok"), f"end-{namespace}", namespace, succeed=succeed)])
+
+
+def fail_submitter(cluster: Cluster, namespace: str) -> None:
+    """The submitter pod exits 1 before the Ray job reports anything (e.g. the image fails)."""
+    cluster.apply([nodes.pod_outcome_stage(tools.module_dir("kwok"), f"fail-{namespace}", namespace, succeed=False)])
+
+
+def clear_outcome(cluster: Cluster, namespace: str) -> None:
+    cluster.kubectl("delete", "stages.kwok.x-k8s.io", f"end-{namespace}", f"fail-{namespace}", "--ignore-not-found")

@@ -1,0 +1,78 @@
+"""Bad specs meet the real API server: every spec of the unit corpus is refused by `kubectl apply`
+with a message naming the field, and the immutability (transition) rules hold on real updates."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.cluster.conftest import apply_doc, get
+from tests.support.cluster.cluster import Cluster
+from tests.support.jobs import minimal_job, with_path
+from tests.unit.test_bad_specs import BAD
+
+
+@pytest.fixture(scope="module")
+def bad_ns(cluster: Cluster, platform: str) -> Iterator[str]:
+    name = "t-bad-specs"
+    cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}])
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.mark.parametrize(("doc", "field"), [(b[1], b[2]) for b in BAD], ids=[b[0] for b in BAD])
+def test_real_api_server_rejects_bad_spec_naming_the_field(
+    cluster: Cluster, bad_ns: str, doc: dict[str, Any], field: str
+) -> None:
+    doc = copy.deepcopy(doc)
+    doc["metadata"]["namespace"] = bad_ns
+    result = apply_doc(cluster, doc, check=False)
+    assert result.returncode != 0, f"accepted: {result.stdout}"
+    assert field.split(".")[-1] in result.stderr, result.stderr
+    assert get(cluster, "llmtj", doc["metadata"]["name"], bad_ns) is None
+
+
+# (field path under spec, new value): each section is fixed at creation.
+IMMUTABLE = [
+    ("training.learningRate", 0.5),
+    ("strategy", {"type": "deepspeed", "deepspeed": {"zeroStage": 2}}),
+    ("resources.workers", 7),
+    ("dataset.name", "other/dataset"),
+    ("model.name", "other/model"),
+    ("storage", {"claimName": "another"}),
+    ("runPolicy.maxRetries", 9),
+]
+
+
+@pytest.mark.parametrize(("path", "value"), IMMUTABLE, ids=[p for p, _ in IMMUTABLE])
+def test_transition_rules_refuse_real_updates(cluster: Cluster, bad_ns: str, path: str, value: Any) -> None:
+    name = "immutable-" + path.split(".")[0].lower()
+    doc = minimal_job(name, bad_ns)
+    cluster.kubectl("delete", "llmtj", name, "-n", bad_ns, "--ignore-not-found", "--wait=true")
+    apply_doc(cluster, doc)
+    try:
+        changed = with_path(doc, f"spec.{path}", value)
+        result = cluster.kubectl(
+            "replace", "-f", "-", input=yaml.safe_dump(_with_version(cluster, changed)), check=False
+        )
+        assert result.returncode != 0, result.stdout
+        section = path.split(".")[0] if path.split(".")[0] != "runPolicy" else path
+        assert f"spec.{section} is immutable" in result.stderr, result.stderr
+        # Mutable fields still change: a label, and the run policy's deadline.
+        relabelled = with_path(doc, "metadata.labels", {"team": "nlp"})
+        relabelled = with_path(relabelled, "spec.runPolicy.activeDeadlineSeconds", 3600)
+        cluster.kubectl("replace", "-f", "-", input=yaml.safe_dump(_with_version(cluster, relabelled)))
+    finally:
+        cluster.kubectl("delete", "llmtj", name, "-n", bad_ns, "--wait=false", check=False)
+
+
+def _with_version(cluster: Cluster, doc: dict[str, Any]) -> dict[str, Any]:
+    live = get(cluster, "llmtj", doc["metadata"]["name"], doc["metadata"]["namespace"])
+    assert live is not None
+    out = copy.deepcopy(doc)
+    out["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
+    return out
