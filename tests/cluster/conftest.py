@@ -86,13 +86,31 @@ class OperatorProcess:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
-    def stop(self) -> None:
-        self.proc.terminate()
+    def stop(self, *, kill: bool = False) -> None:
+        """SIGTERM (graceful, as a rolling update does) or SIGKILL (a node lost, an OOM kill)."""
+        if kill:
+            self.proc.kill()
+        else:
+            self.proc.terminate()
         try:
             self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+    def restart(self, *, kill: bool = False) -> None:
+        """The same operator identity in a new process, as after a pod restart."""
+        self.stop(kill=kill)
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                _operator_argv(self.liveness_port, self.metrics_port),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=REPO_ROOT,
+            )
 
 
 def start_operator(cluster: Cluster, directory: Path, name: str = "operator") -> OperatorProcess:
@@ -218,7 +236,9 @@ def job_status(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
     return status
 
 
-def wait_phase(cluster: Cluster, namespace: str, name: str, *phases: str, timeout: float = 90) -> dict[str, Any]:
+def wait_phase(
+    cluster: Cluster, namespace: str, name: str, *phases: str, timeout: float = 90
+) -> dict[str, Any]:
     """Wait until the job's phase is one of `phases`; its status then."""
     status: dict[str, Any] = wait_for(
         lambda: (s := job_status(cluster, namespace, name)).get("phase") in phases and s,
@@ -232,16 +252,24 @@ def end_ray_job(cluster: Cluster, namespace: str, rayjob: str, *, succeed: bool,
     """What a real Ray job ending looks like to KubeRay: the dashboard reports the Ray job's status
     and the submitter pod exits (0 or 1), both for every later attempt of this RayJob too."""
     body = json.dumps({"status": "SUCCEEDED" if succeed else "FAILED", "message": message}).encode()
-    request = urllib.request.Request(f"{cluster.dashboard}/control/{namespace}/{rayjob}", data=body, method="PUT")
+    request = urllib.request.Request(
+        f"{cluster.dashboard}/control/{namespace}/{rayjob}", data=body, method="PUT"
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 200
-    cluster.apply([nodes.pod_outcome_stage(tools.module_dir("kwok"), f"end-{namespace}", namespace, succeed=succeed)])
+    cluster.apply(
+        [nodes.pod_outcome_stage(tools.module_dir("kwok"), f"end-{namespace}", namespace, succeed=succeed)]
+    )
 
 
 def fail_submitter(cluster: Cluster, namespace: str) -> None:
     """The submitter pod exits 1 before the Ray job reports anything (e.g. the image fails)."""
-    cluster.apply([nodes.pod_outcome_stage(tools.module_dir("kwok"), f"fail-{namespace}", namespace, succeed=False)])
+    cluster.apply(
+        [nodes.pod_outcome_stage(tools.module_dir("kwok"), f"fail-{namespace}", namespace, succeed=False)]
+    )
 
 
 def clear_outcome(cluster: Cluster, namespace: str) -> None:
-    cluster.kubectl("delete", "stages.kwok.x-k8s.io", f"end-{namespace}", f"fail-{namespace}", "--ignore-not-found")
+    cluster.kubectl(
+        "delete", "stages.kwok.x-k8s.io", f"end-{namespace}", f"fail-{namespace}", "--ignore-not-found"
+    )

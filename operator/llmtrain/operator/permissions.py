@@ -26,6 +26,9 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
     # finalizers), so the main resource is never written.
     Permission(API_GROUP, PLURAL, ("get", "list", "watch")),
     Permission(API_GROUP, f"{PLURAL}/status", ("patch",)),
+    # Never called: the OwnerReferencesPermissionEnforcement admission plugin lets a client set
+    # blockOwnerDeletion on a child only if it may update the owner's finalizers.
+    Permission(API_GROUP, f"{PLURAL}/finalizers", ("update",)),
     # The RayJob: created, adopted, kept in sync (suspend, deadlines), watched for status.
     Permission("ray.io", "rayjobs", ("get", "list", "watch", "create", "patch")),
     # Children rendered per job.
