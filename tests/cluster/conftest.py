@@ -123,22 +123,22 @@ def start_operator(cluster: Cluster, directory: Path, name: str = "operator") ->
     env.pop("KUBERNETES_SERVICE_HOST", None)
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "llmtrain.cli",
-                "operator",
-                f"--liveness-port={liveness}",
-                f"--metrics-port={metrics}",
-                "--log-format=plain",
-                "--log-level=info",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=REPO_ROOT,
+            _operator_argv(liveness, metrics), stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT
         )
     return OperatorProcess(proc, log, liveness, metrics, kubeconfig)
+
+
+def _operator_argv(liveness: int, metrics: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "llmtrain.cli",
+        "operator",
+        f"--liveness-port={liveness}",
+        f"--metrics-port={metrics}",
+        "--log-format=plain",
+        "--log-level=info",
+    ]
 
 
 @pytest.fixture(scope="session")
