@@ -33,6 +33,8 @@ JOB="tiny-cpu"
 CLAIM="tiny-cpu-data"
 MOUNT="/mnt/llmtrain" # the example's storage.mountPath (the API default)
 RUN_DIR="${MOUNT}/runs/${JOB_NS}/${JOB}"
+CHECKPOINT_GLOB="checkpoint-step-*" # the trainer's checkpoint directories (llmtrain_trainer.rundir)
+EXPORT_DIR="export"
 
 DRY_RUN=0
 KEEP_CLUSTER=0
@@ -231,11 +233,11 @@ check_outputs() {
   log "checkpoints and export under $RUN_DIR"
   local checkpoints exported
   checkpoints="$(k_out -n "$JOB_NS" exec storage-shell -c shell -- \
-    find "$RUN_DIR" -maxdepth 1 -type d -name 'checkpoint_*')"
-  exported="$(k_out -n "$JOB_NS" exec storage-shell -c shell -- find "$RUN_DIR/export" -type f)"
+    find "$RUN_DIR" -maxdepth 1 -type d -name "$CHECKPOINT_GLOB")"
+  exported="$(k_out -n "$JOB_NS" exec storage-shell -c shell -- find "$RUN_DIR/$EXPORT_DIR" -type f)"
   ((DRY_RUN)) && return 0
-  [[ -n "$checkpoints" ]] || fail "no checkpoint_* directory in $RUN_DIR"
-  [[ -n "$exported" ]] || fail "no exported model in $RUN_DIR/export"
+  [[ -n "$checkpoints" ]] || fail "no $CHECKPOINT_GLOB directory in $RUN_DIR"
+  [[ -n "$exported" ]] || fail "no exported model in $RUN_DIR/$EXPORT_DIR"
   printf 'checkpoints:\n%s\nexport:\n%s\n' "$checkpoints" "$exported"
 }
 

@@ -21,6 +21,8 @@ import kubernetes_validate
 import pytest
 import yaml
 from llmtrain.api.validation import parse_job
+from llmtrain.render.trainer_config import run_storage_path
+from llmtrain_trainer.rundir import CHECKPOINT_PREFIX, EXPORT_DIR
 
 from tests.chart.helm import KUBE_VERSIONS, ROOT
 from tests.chart.security import restricted_violations
@@ -72,7 +74,7 @@ KIND_CLUSTER_SCHEMA: dict[str, Any] = {
 
 def script_var(name: str) -> str:
     """A NAME="value" assignment of run.sh."""
-    match = re.search(rf'^{name}="([^"$]*)"', SCRIPT.read_text(), flags=re.MULTILINE)
+    match = re.search(rf'^{name}="([^"]*)"', SCRIPT.read_text(), flags=re.MULTILINE)
     assert match, f"run.sh does not set {name}"
     return match.group(1)
 
@@ -178,7 +180,7 @@ def test_dry_run_prints_every_step_in_order(dry_run: str) -> None:
         rf"^kubectl {context} -n llmtrain-e2e apply -f .*tiny-cpu\.yaml$",
         rf"^kubectl {context} -n llmtrain-e2e get llmtrainingjob tiny-cpu -o jsonpath=.*status\.phase",
         rf"^kubectl {context} -n llmtrain-e2e get llmtj$",
-        r"find /mnt/llmtrain/runs/llmtrain-e2e/tiny-cpu -maxdepth 1 -type d -name checkpoint_",
+        r"find /mnt/llmtrain/runs/llmtrain-e2e/tiny-cpu -maxdepth 1 -type d -name checkpoint-step-\\\*",
         r"find /mnt/llmtrain/runs/llmtrain-e2e/tiny-cpu/export -type f",
         rf"^kubectl {context} -n llmtrain-e2e get rayjobs -l llmtrain\.dev/job=tiny-cpu -o name",
         rf"^kubectl {context} -n llmtrain-e2e delete llmtrainingjob tiny-cpu --wait=true",
@@ -272,6 +274,23 @@ def test_storage_shell_is_restricted_and_mounts_the_claim_where_the_job_does() -
     assert mount["mountPath"] == script_var("MOUNT")
     job = parse_job(yaml.safe_load(EXAMPLE.read_text()))
     assert job.spec.storage.mount_path == script_var("MOUNT")
+
+
+def test_script_checks_what_the_trainer_writes_where_the_operator_points_it() -> None:
+    """run.sh looks for the trainer's own checkpoint and export names in the run directory the
+    renderer gives the trainer (an earlier version looked for `checkpoint_*`, which is never written)."""
+    job = parse_job(
+        {**yaml.safe_load(EXAMPLE.read_text()), "metadata": {"name": "tiny-cpu", "namespace": "llmtrain-e2e"}}
+    )
+    assert (
+        script_var("RUN_DIR")
+        .replace("${MOUNT}", script_var("MOUNT"))
+        .replace("${JOB_NS}", script_var("JOB_NS"))
+        .replace("${JOB}", script_var("JOB"))
+        == f"{run_storage_path(job)}/{job.metadata.name}"
+    )
+    assert script_var("CHECKPOINT_GLOB") == f"{CHECKPOINT_PREFIX}*"
+    assert script_var("EXPORT_DIR") == EXPORT_DIR
 
 
 def test_script_constants_match_the_example() -> None:
