@@ -35,7 +35,7 @@ test: $(STAMP) tools ## run every test tier (unit, integration, real cluster, tr
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 tools: $(STAMP) ## build the real cluster's binaries from hack/tools/*/go.mod into ~/.cache/llmtrain/bin
-	$(PY) hack/tools/build.py
+	$(PY) hack/tools/build_tools.py
 
 CLUSTER_DIR ?= .cluster
 cluster: tools ## start a local cluster (real control plane, KubeRay, Kueue, fake GPU nodes) in .cluster/

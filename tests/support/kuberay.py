@@ -17,7 +17,7 @@ import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "hack" / "tools"))
-import build as tools  # noqa: E402
+import build_tools as tools  # noqa: E402
 
 KUBERAY_VERSION = tools.pinned_version("kuberay")
 

@@ -1,4 +1,4 @@
-"""A real Kubernetes control plane on this machine, from binaries built by hack/tools/build.py.
+"""A real Kubernetes control plane on this machine, from binaries built by hack/tools/build_tools.py.
 
 etcd, kube-apiserver (RBAC, production admission plugins), kube-controller-manager (garbage
 collector, Job and ServiceAccount controllers), kube-scheduler, kwok (fake kubelets for the fake
@@ -33,7 +33,7 @@ from tests.support.cluster.kueue import prepare_kueue
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO_ROOT / "hack" / "tools"))
-import build as tools  # noqa: E402
+import build_tools as tools  # noqa: E402
 
 # Stopped in this order: controllers before the API server, etcd last.
 STOP_ORDER = [

@@ -6,7 +6,7 @@ cache outside the work tree, one folder per module and content hash of its go.mo
 `$LLMTRAIN_CACHE/bin/<tool>-<version>-<hash>/` (default `~/.cache/llmtrain`), so a second run,
 another clone or CI on the same machine reuses them and changing a pin rebuilds only that tool.
 
-Usage: `python hack/tools/build.py [TOOL ...]` builds what is missing and prints each folder;
+Usage: `python hack/tools/build_tools.py [TOOL ...]` builds what is missing and prints each folder;
 `--dir TOOL` prints one folder without building. Other code calls `ensure(tool)`.
 """
 
