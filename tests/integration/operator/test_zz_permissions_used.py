@@ -11,7 +11,10 @@ from tests.integration.operator.conftest import SEEN_CALLS
 # events.k8s.io is granted for clusters/Kopf versions that post through the newer API.
 # The finalizers grant is checked by an admission plugin (OwnerReferencesPermissionEnforcement), not
 # called; the cluster tier shows it is needed (tests/cluster: children are created at all).
-NOT_EXERCISED = {("events.k8s.io", "events", "create"), ("llmtrain.dev", "llmtrainingjobs/finalizers", "update")}
+NOT_EXERCISED = {
+    ("events.k8s.io", "events", "create"),
+    ("llmtrain.dev", "llmtrainingjobs/finalizers", "update"),
+}
 
 
 def test_every_declared_permission_was_used() -> None:

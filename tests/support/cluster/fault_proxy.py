@@ -25,6 +25,7 @@ import asyncio
 import json
 import ssl
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -83,6 +84,7 @@ class Seen:
     name: str | None
     status: int
     injected: bool
+    at: float  # time.monotonic() when the answer's status was known
 
 
 def request_info(method: str, path_qs: str) -> RequestInfo:
@@ -295,7 +297,9 @@ class FaultProxy:
 
     def _record(self, info: RequestInfo, status: int, *, injected: bool) -> None:
         with self._lock:
-            self._requests.append(Seen(info.verb, info.resource, info.namespace, info.name, status, injected))
+            self._requests.append(
+                Seen(info.verb, info.resource, info.namespace, info.name, status, injected, time.monotonic())
+            )
 
 
 def _status_response(
