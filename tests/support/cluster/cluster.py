@@ -251,6 +251,9 @@ class Cluster:
                 "--enable-crds=Stage",
                 "--manage-all-nodes=false",
                 f"--manage-nodes-with-annotation-selector={nodes.FAKE_ANNOTATION}=fake",
+                # Without a config file kwok's default is 0: no Leases, and the node lifecycle
+                # controller marks every fake node NotReady ~50 s after its last heartbeat.
+                "--node-lease-duration-seconds=40",
                 "--cidr=10.244.0.1/16",
                 "--node-ip=10.0.0.10",
                 f"--node-port={port()}",
