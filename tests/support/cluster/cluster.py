@@ -344,13 +344,22 @@ class Cluster:
             self.kubectl("apply", "--server-side", "--field-manager=llmtrain-tests", "-f", str(f))
 
     def wait_established(self, crd: str, timeout: float = 30) -> None:
-        self.kubectl(
-            "wait",
-            "--for=condition=Established",
-            f"crd/{crd}",
-            f"--timeout={int(timeout)}s",
-            timeout=timeout + 10,
-        )
+        # `kubectl wait` fails at once (rather than waiting) while a new CRD has no conditions yet.
+        deadline = time.monotonic() + timeout
+        while True:
+            result = self.kubectl(
+                "wait",
+                "--for=condition=Established",
+                f"crd/{crd}",
+                f"--timeout={int(timeout)}s",
+                timeout=timeout + 10,
+                check=False,
+            )
+            if result.returncode == 0:
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"CRD {crd} not established: {result.stderr.strip()}")
+            time.sleep(0.2)
 
     def wait_nodes_ready(self, names: list[str], timeout: float = 60) -> None:
         self.kubectl(

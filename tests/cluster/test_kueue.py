@@ -1,0 +1,382 @@
+"""Kueue gates a queued job for real: its webhook creates the RayJob suspended, its scheduler admits
+it when a ClusterQueue has quota for every pod (head, GPU workers, KubeRay's submitter), and it
+suspends it again to preempt it. After each of Kueue's actions the operator must leave the RayJob's
+`spec.suspend` alone: a watch records every stored version of the RayJobs, so a flip and flip-back
+between two polls still fails the test.
+
+Left out because it fails today (issue 12): any reconcile of a queued job that Kueue has not
+admitted writes `spec.suspend: false` (the job's own runPolicy.suspend) over Kueue's `true`, and
+KubeRay starts a Ray cluster, GPU workers included, outside the quota until Kueue suspends it again.
+It happens on a label change, on an operator restart, and at creation whenever the first status
+write meets a 409 and Kopf reruns the whole create handler. The checks below therefore start from a
+queued job's settled state (created, handled by the operator, suspended with no Ray cluster left).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.cluster.conftest import (
+    OperatorProcess,
+    Watch,
+    apply_doc,
+    get,
+    items,
+    job_status,
+    wait_for,
+    wait_phase,
+)
+from tests.support.cluster import nodes
+from tests.support.cluster.cluster import Cluster
+from tests.support.cluster.kueue import kueue_queue_objects
+from tests.support.jobs import load_example
+
+LOCAL_QUEUE = "gpu-queue"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# Held long enough for Kueue's and the operator's controllers to act on the state being checked.
+HOLD_SECONDS = 6
+
+
+class Queue:
+    """A ResourceFlavor, ClusterQueue and LocalQueue of one test, named after its namespace."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.cluster_queue = f"cq-{namespace}"
+        self.flavor = f"flavor-{namespace}"
+        self.priority_classes: list[str] = []
+
+    def apply(self, *, gpus: int, preemption: dict[str, str] | None = None) -> None:
+        """Create or resize the quota; CPU and memory cover head, workers and submitter of two jobs,
+        so GPUs are what a job waits for."""
+        objs = kueue_queue_objects(
+            cluster_queue=self.cluster_queue,
+            local_queue=LOCAL_QUEUE,
+            namespace=self.namespace,
+            flavor=self.flavor,
+            gpus=gpus,
+            cpus="250",
+            memory="2500Gi",
+        )
+        if preemption:
+            objs[1]["spec"]["preemption"] = preemption
+        self.cluster.apply(objs)
+
+    def priority_class(self, value: int) -> str:
+        name = f"{self.namespace}-{value}"
+        self.cluster.apply(
+            [
+                {
+                    "apiVersion": "scheduling.k8s.io/v1",
+                    "kind": "PriorityClass",
+                    "metadata": {"name": name},
+                    "value": value,
+                    "description": "a test's training priority",
+                }
+            ]
+        )
+        self.priority_classes.append(name)
+        return name
+
+
+@pytest.fixture
+def queue(cluster: Cluster, operator: OperatorProcess, namespace: str) -> Iterator[Queue]:
+    """The example's Secret and a queue; on teardown the jobs go first, so their GPUs are free again
+    for the next test (two GPU nodes serve the whole session)."""
+    cluster.apply(
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "hf-token", "namespace": namespace},
+                "stringData": {"token": "hf_test_token"},
+            }
+        ]
+    )
+    q = Queue(cluster, namespace)
+    yield q
+    cluster.kubectl("delete", "llmtj", "--all", "-n", namespace, "--wait=false")
+    wait_for(lambda: not items(cluster, "pods", namespace), timeout=90, what=f"the pods of {namespace} gone")
+    cluster.kubectl(
+        "delete", "--ignore-not-found", "--wait=false", f"localqueue/{LOCAL_QUEUE}", "-n", namespace
+    )
+    cluster.kubectl(
+        "delete",
+        "--ignore-not-found",
+        "--wait=false",
+        f"clusterqueue/{q.cluster_queue}",
+        f"resourceflavor/{q.flavor}",
+        *(f"priorityclass/{p}" for p in q.priority_classes),
+    )
+
+
+def gpu_job(name: str, namespace: str, *, priority_class: str | None = None) -> dict[str, Any]:
+    """examples/llama3-8b-fsdp.yaml (one worker of 8 GPUs) sent to the test's LocalQueue."""
+    doc = copy.deepcopy(load_example("llama3-8b-fsdp.yaml"))
+    doc["metadata"] = {"name": name, "namespace": namespace}
+    doc["spec"]["runPolicy"]["queueName"] = LOCAL_QUEUE
+    if priority_class:
+        doc["spec"]["resources"]["priorityClassName"] = priority_class
+    return doc
+
+
+def rayjob(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    obj = get(cluster, "rayjob", name, namespace)
+    assert obj is not None, f"RayJob {namespace}/{name} not found"
+    return obj
+
+
+def workload(cluster: Cluster, namespace: str, name: str) -> dict[str, Any] | None:
+    """Kueue's Workload for the RayJob `name` (named after the job plus a hash, labelled with its uid)."""
+    uid = rayjob(cluster, namespace, name)["metadata"]["uid"]
+    found = items(cluster, "workloads.kueue.x-k8s.io", namespace, f"kueue.x-k8s.io/job-uid={uid}")
+    return found[0] if found else None
+
+
+def condition(obj: dict[str, Any] | None, ctype: str) -> dict[str, Any]:
+    for cond in (obj or {}).get("status", {}).get("conditions") or []:
+        if cond["type"] == ctype:
+            return dict(cond)
+    return {}
+
+
+def ray_clusters(cluster: Cluster, namespace: str, job: str) -> list[dict[str, Any]]:
+    return [
+        c
+        for c in items(cluster, "rayclusters", namespace)
+        if any(ref.get("name") == job for ref in c["metadata"].get("ownerReferences") or [])
+    ]
+
+
+def handled_labels(cluster: Cluster, namespace: str, name: str) -> dict[str, str] | None:
+    """The job's labels as Kopf recorded them after its handlers succeeded; None before that."""
+    last = job_status(cluster, namespace, name).get("kopf", {}).get("lastHandled")
+    if not last:
+        return None
+    labels: dict[str, str] = json.loads(last).get("metadata", {}).get("labels", {})
+    return labels
+
+
+def wait_admitted_on_gpus(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    """Kueue admitted the job and lifted the suspension; the Ray cluster KubeRay made for it has its
+    workers running on GPU nodes; the job's phase is Running."""
+    wait_for(
+        lambda: condition(workload(cluster, namespace, name), "Admitted").get("status") == "True",
+        what=f"Kueue admitting {name}",
+    )
+    wait_for(
+        lambda: rayjob(cluster, namespace, name)["spec"].get("suspend") is not True,
+        what=f"Kueue lifting the suspension of {name}",
+    )
+
+    def running_workers() -> list[dict[str, Any]]:
+        current = (rayjob(cluster, namespace, name).get("status") or {}).get("rayClusterName")
+        if not current:
+            return []
+        pods = items(cluster, "pods", namespace, f"ray.io/cluster={current},llmtrain.dev/role=worker")
+        return pods if pods and all(p["status"].get("phase") == "Running" for p in pods) else []
+
+    workers = wait_for(running_workers, timeout=90, what=f"the workers of {name} running")
+    assert {p["spec"]["nodeName"] for p in workers} <= set(nodes.GPU_NODES), workers
+    return wait_phase(cluster, namespace, name, "Running")
+
+
+def assert_queued(cluster: Cluster, namespace: str, name: str) -> bool:
+    """Suspended by Kueue and nothing of it running: no Ray cluster, no pod, no GPU used."""
+    assert rayjob(cluster, namespace, name)["spec"].get("suspend") is True
+    assert not ray_clusters(cluster, namespace, name)
+    assert not items(cluster, "pods", namespace, f"llmtrain.dev/job={name}")
+    assert condition(workload(cluster, namespace, name), "Admitted").get("status") != "True"
+    status = job_status(cluster, namespace, name)
+    # The product shows a job Kueue holds as Suspended (issue 12 wants "queued"). The message is not
+    # checked: it tells the user to set runPolicy.suspend to false, which does not apply here.
+    assert status.get("phase") == "Suspended", status
+    assert condition({"status": status}, "Running").get("status") == "False", status
+    return True
+
+
+def wait_queued(cluster: Cluster, namespace: str, name: str) -> None:
+    """Until the operator has handled the job and the job sits queued, with any Ray cluster started
+    meanwhile gone again (see the module docstring)."""
+    wait_for(
+        lambda: handled_labels(cluster, namespace, name) is not None, what=f"the operator handling {name}"
+    )
+    wait_for(lambda: assert_queued(cluster, namespace, name), what=f"{name} queued and settled")
+
+
+def hold(check: Callable[[], object], seconds: float = HOLD_SECONDS) -> None:
+    """`check` passes on every poll for `seconds`: a state that must last, not just be reached."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        check()
+        time.sleep(0.5)
+
+
+def mark(cluster: Cluster, watch: Watch, namespace: str, name: str) -> int:
+    """The index of the RayJob's current version in the watch, once the watch has caught up with it."""
+
+    def caught_up() -> int | None:
+        current = rayjob(cluster, namespace, name)["metadata"]["resourceVersion"]
+        seen = watch.versions(name)
+        return len(seen) if seen and seen[-1]["metadata"]["resourceVersion"] == current else None
+
+    index: int = wait_for(caught_up, what=f"the watch caught up with RayJob {name}") - 1
+    return index
+
+
+def suspend_history(watch: Watch, name: str, since: int) -> list[bool]:
+    """spec.suspend of every RayJob version stored from the marked one on, repeats collapsed.
+
+    Generations are checked contiguous from creation: every spec the API server stored was seen,
+    so no flip can hide between two of them.
+    """
+    versions = watch.versions(name)
+    generations = sorted({v["metadata"]["generation"] for v in versions})
+    assert generations == list(range(1, generations[-1] + 1)), generations
+    history: list[bool] = []
+    for v in versions[since:]:
+        value = v["spec"].get("suspend") is True
+        if not history or history[-1] != value:
+            history.append(value)
+    return history
+
+
+def writers(watch: Watch, name: str, since: int) -> list[tuple[int, bool, list[str]]]:
+    """For a failure message: each version's generation, suspend and spec writers (managedFields)."""
+    return [
+        (
+            v["metadata"]["generation"],
+            v["spec"].get("suspend") is True,
+            sorted(
+                f"{m['manager']}@{m['time']}"
+                for m in v["metadata"].get("managedFields") or []
+                if m.get("subresource") != "status"
+            ),
+        )
+        for v in watch.versions(name)[since:]
+    ]
+
+
+def test_queued_job_waits_suspended_until_a_cluster_queue_has_gpu_quota(
+    cluster: Cluster, queue: Queue, namespace: str
+) -> None:
+    queue.apply(gpus=4)  # the worker needs 8
+    with Watch(cluster, "rayjobs", namespace) as watch:
+        apply_doc(cluster, gpu_job("llama", namespace))
+        wait_for(lambda: workload(cluster, namespace, "llama"), what="Kueue's Workload for the RayJob")
+        created = wait_for(lambda: watch.versions("llama"), what="the RayJob in the watch")[0]
+        assert created["spec"]["suspend"] is True  # as stored at creation: Kueue's webhook set it
+        assert rayjob(cluster, namespace, "llama")["metadata"]["labels"][QUEUE_LABEL] == LOCAL_QUEUE
+        # What Kueue's RayJob integration counts against the quota: every pod, the submitter too.
+        wl = workload(cluster, namespace, "llama")
+        assert wl is not None
+        podsets = {p["name"]: p for p in wl["spec"]["podSets"]}
+        assert set(podsets) == {"head", "workers", "submitter"}, podsets
+        worker = podsets["workers"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+        assert podsets["workers"]["count"] == 1 and worker["nvidia.com/gpu"] == "8", podsets["workers"]
+        pending = wait_for(
+            lambda: (
+                (c := condition(workload(cluster, namespace, "llama"), "QuotaReserved")).get("status")
+                == "False"
+                and "nvidia.com/gpu" in c.get("message", "")
+                and c
+            ),
+            what="Kueue reporting the GPU quota short",
+        )
+        assert pending["reason"] == "Pending", pending
+
+        wait_queued(cluster, namespace, "llama")
+        since = mark(cluster, watch, namespace, "llama")
+        hold(lambda: assert_queued(cluster, namespace, "llama"))
+
+        queue.apply(gpus=8)
+        status = wait_admitted_on_gpus(cluster, namespace, "llama")
+        assert status["rayClusterName"] == rayjob(cluster, namespace, "llama")["status"]["rayClusterName"]
+        assert suspend_history(watch, "llama", since) == [True, False], writers(watch, "llama", since)
+
+
+def test_queued_job_is_admitted_when_the_job_holding_the_quota_goes(
+    cluster: Cluster, queue: Queue, namespace: str
+) -> None:
+    queue.apply(gpus=8)  # room for one 8-GPU worker
+    with Watch(cluster, "rayjobs", namespace) as watch:
+        apply_doc(cluster, gpu_job("first", namespace))
+        wait_admitted_on_gpus(cluster, namespace, "first")
+        first_since = mark(cluster, watch, namespace, "first")
+        apply_doc(cluster, gpu_job("second", namespace))
+        wait_queued(cluster, namespace, "second")
+        since = mark(cluster, watch, namespace, "second")
+
+        def second_waits() -> None:
+            assert_queued(cluster, namespace, "second")
+            assert job_status(cluster, namespace, "first").get("phase") == "Running"
+
+        hold(second_waits)
+        assert suspend_history(watch, "first", first_since) == [False], writers(watch, "first", first_since)
+
+        cluster.kubectl("delete", "llmtj", "first", "-n", namespace, "--wait=false")
+        wait_admitted_on_gpus(cluster, namespace, "second")
+
+        # A reconcile of the admitted job (a label change) leaves it running on the same Ray cluster.
+        running_on = [c["metadata"]["uid"] for c in ray_clusters(cluster, namespace, "second")]
+        cluster.kubectl("label", "llmtj", "second", "-n", namespace, "team=nlp")
+        wait_for(
+            lambda: (handled_labels(cluster, namespace, "second") or {}).get("team") == "nlp",
+            what="the operator handling the label change",
+        )
+
+        def second_runs() -> None:
+            assert rayjob(cluster, namespace, "second")["spec"].get("suspend") is not True
+            assert [c["metadata"]["uid"] for c in ray_clusters(cluster, namespace, "second")] == running_on
+            assert job_status(cluster, namespace, "second").get("phase") == "Running"
+
+        hold(second_runs)
+        assert suspend_history(watch, "second", since) == [True, False], writers(watch, "second", since)
+
+
+def test_kueue_preempts_a_running_job_for_a_higher_priority_one_and_resumes_it(
+    cluster: Cluster, queue: Queue, namespace: str
+) -> None:
+    """The priority reaches Kueue through spec.resources.priorityClassName: Kueue reads the Ray
+    pods' PriorityClass when the RayJob has no WorkloadPriorityClass label (the operator gives it
+    none; the job has no field for one)."""
+    queue.apply(gpus=8, preemption={"withinClusterQueue": "LowerPriority"})
+    high = queue.priority_class(1000)
+    with Watch(cluster, "rayjobs", namespace) as watch:
+        apply_doc(cluster, gpu_job("low", namespace))
+        wait_admitted_on_gpus(cluster, namespace, "low")
+        since = mark(cluster, watch, namespace, "low")
+        preempted_cluster = ray_clusters(cluster, namespace, "low")[0]["metadata"]["name"]
+
+        apply_doc(cluster, gpu_job("urgent", namespace, priority_class=high))
+        urgent = wait_for(lambda: workload(cluster, namespace, "urgent"), what="the urgent job's Workload")
+        assert urgent["spec"]["priority"] == 1000, urgent["spec"]
+        assert PRIORITY_LABEL not in rayjob(cluster, namespace, "urgent")["metadata"]["labels"]
+
+        wait_for(
+            lambda: condition(workload(cluster, namespace, "low"), "Preempted").get("status") == "True",
+            what="Kueue preempting the low-priority job",
+        )
+        wait_admitted_on_gpus(cluster, namespace, "urgent")
+        wait_queued(cluster, namespace, "low")
+        assert get(cluster, "raycluster", preempted_cluster, namespace) is None
+
+        def low_waits() -> None:
+            assert_queued(cluster, namespace, "low")
+            assert job_status(cluster, namespace, "urgent").get("phase") == "Running"
+
+        hold(low_waits)
+
+        cluster.kubectl("delete", "llmtj", "urgent", "-n", namespace, "--wait=false")
+        wait_admitted_on_gpus(cluster, namespace, "low")
+        assert ray_clusters(cluster, namespace, "low")[0]["metadata"]["name"] != preempted_cluster
+        # Preempted, admitted again: Kueue's two writes and nobody else's.
+        assert suspend_history(watch, "low", since) == [False, True, False], writers(watch, "low", since)
