@@ -2,14 +2,10 @@
 it when a ClusterQueue has quota for every pod (head, GPU workers, KubeRay's submitter), and it
 suspends it again to preempt it. After each of Kueue's actions the operator must leave the RayJob's
 `spec.suspend` alone: a watch records every stored version of the RayJobs, so a flip and flip-back
-between two polls still fails the test.
-
-Left out because it fails today (issue 12): any reconcile of a queued job that Kueue has not
-admitted writes `spec.suspend: false` (the job's own runPolicy.suspend) over Kueue's `true`, and
-KubeRay starts a Ray cluster, GPU workers included, outside the quota until Kueue suspends it again.
-It happens on a label change, on an operator restart, and at creation whenever the first status
-write meets a 409 and Kopf reruns the whole create handler. The checks below therefore start from a
-queued job's settled state (created, handled by the operator, suspended with no Ray cluster left).
+between two polls still fails the test. Before the operator left a queued RayJob's `suspend` to
+Kueue, any reconcile of a job Kueue had not admitted (a label change, an operator restart, Kopf
+rerunning the create handler after a 409) wrote `false` over Kueue's `true`, and KubeRay started GPU
+workers outside the quota until Kueue suspended the job again.
 """
 
 from __future__ import annotations
@@ -304,7 +300,7 @@ def test_queued_job_waits_suspended_until_a_cluster_queue_has_gpu_quota(
 
 
 def test_queued_job_is_admitted_when_the_job_holding_the_quota_goes(
-    cluster: Cluster, queue: Queue, namespace: str
+    cluster: Cluster, queue: Queue, namespace: str, operator: OperatorProcess
 ) -> None:
     queue.apply(gpus=8)  # room for one 8-GPU worker
     with Watch(cluster, "rayjobs", namespace) as watch:
@@ -320,6 +316,18 @@ def test_queued_job_is_admitted_when_the_job_holding_the_quota_goes(
             assert job_status(cluster, namespace, "first").get("phase") == "Running"
 
         hold(second_waits)
+        # Reconciles of the queued job (a label change, an operator killed and restarted) leave it
+        # queued: the operator never writes suspend of a queued RayJob.
+        cluster.kubectl("label", "llmtj", "second", "-n", namespace, "waiting=yes")
+        wait_for(
+            lambda: (handled_labels(cluster, namespace, "second") or {}).get("waiting") == "yes",
+            what="the operator handling the label change of the queued job",
+        )
+        operator.restart(kill=True)
+        hold(second_waits)
+        assert not ray_clusters(cluster, namespace, "second")
+        # From its very first stored version, creation included: suspended, never flipped.
+        assert suspend_history(watch, "second", 0) == [True], writers(watch, "second", 0)
         assert suspend_history(watch, "first", first_since) == [False], writers(watch, "first", first_since)
 
         cluster.kubectl("delete", "llmtj", "first", "-n", namespace, "--wait=false")
@@ -340,6 +348,7 @@ def test_queued_job_is_admitted_when_the_job_holding_the_quota_goes(
 
         hold(second_runs)
         assert suspend_history(watch, "second", since) == [True, False], writers(watch, "second", since)
+        assert suspend_history(watch, "second", 0) == [True, False], writers(watch, "second", 0)
 
 
 def test_kueue_preempts_a_running_job_for_a_higher_priority_one_and_resumes_it(

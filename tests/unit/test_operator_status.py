@@ -150,6 +150,19 @@ def test_drift_patch_rayjob_touches_only_mutable_fields() -> None:
     assert drift_patch(desired, existing) == {"spec": {"suspend": True, "activeDeadlineSeconds": None}}
 
 
+def test_drift_patch_never_writes_suspend_of_a_queued_rayjob() -> None:
+    """Kueue flips suspend on admission and preemption; the operator must not flip it back."""
+    queued = {"labels": {"kueue.x-k8s.io/queue-name": "gpu"}}
+    for want, have in ((True, False), (False, True)):
+        desired = {
+            "kind": "RayJob",
+            "metadata": queued,
+            "spec": {"suspend": want, "activeDeadlineSeconds": 60},
+        }
+        existing = {"kind": "RayJob", "metadata": queued, "spec": {"suspend": have}}
+        assert drift_patch(desired, existing) == {"spec": {"activeDeadlineSeconds": 60}}
+
+
 def test_root_cause_only_added_on_failure() -> None:
     from llmtrain.operator.status import with_root_cause
 

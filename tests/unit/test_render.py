@@ -237,7 +237,11 @@ def test_rayjob_policy_fields() -> None:
     assert spec["suspend"] is True
     assert spec["submitterConfig"] == {"backoffLimit": 0}
     assert rj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-q"
+    # A queued job starts suspended even when the user did not ask: Kueue admits it.
+    queued = rayjob(_gpu_job(runPolicy={"queueName": "gpu-q"}))
+    assert queued["spec"]["suspend"] is True
     plain = rayjob(_gpu_job())
+    assert plain["spec"]["suspend"] is False
     assert "activeDeadlineSeconds" not in plain["spec"]
     assert "kueue.x-k8s.io/queue-name" not in plain["metadata"]["labels"]
 

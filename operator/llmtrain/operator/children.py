@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmtrain.operator.kube import ApiError, Kube, resource_of
+from llmtrain.render.rayjob import KUEUE_QUEUE_LABEL
 
 # Fields the operator keeps in sync on an existing child. Everything else is create-only:
 # KubeRay ignores later rayClusterSpec edits, and PVC specs are immutable.
@@ -23,6 +24,15 @@ _SYNCED_FIELDS: dict[str, tuple[str, ...]] = {
 }
 # The RayJob spec fields that may change after creation (see the CRD's immutability rules).
 RAYJOB_MUTABLE = ("suspend", "ttlSecondsAfterFinished", "activeDeadlineSeconds")
+
+
+def rayjob_synced_fields(rayjob: dict[str, Any]) -> tuple[str, ...]:
+    """Kueue owns `suspend` of a queued RayJob: its webhook suspends it at creation and its
+    controller un-suspends it on admission and suspends it on preemption. Writing it back would
+    start a job outside its quota, so for a queued job the operator never touches it."""
+    if KUEUE_QUEUE_LABEL in (rayjob["metadata"].get("labels") or {}):
+        return tuple(name for name in RAYJOB_MUTABLE if name != "suspend")
+    return RAYJOB_MUTABLE
 
 
 class OwnershipConflict(Exception):
@@ -66,7 +76,7 @@ def drift_patch(desired: dict[str, Any], existing: dict[str, Any]) -> dict[str, 
     kind = desired["kind"]
     if kind == "RayJob":
         spec_patch = {}
-        for name in RAYJOB_MUTABLE:
+        for name in rayjob_synced_fields(desired):
             want, have = desired["spec"].get(name), existing.get("spec", {}).get(name)
             if want != have:
                 spec_patch[name] = want  # None removes it (merge patch)

@@ -201,7 +201,8 @@ def render_rayjob(job: LLMTrainingJob, images: ImageSettings) -> dict[str, Any]:
         "shutdownAfterJobFinishes": True,
         "ttlSecondsAfterFinished": policy.ttl_seconds_after_finished,
         "backoffLimit": policy.max_retries,
-        "suspend": policy.suspend,
+        # A queued job is created suspended, as Kueue expects; from then on Kueue owns the field.
+        "suspend": policy.suspend or policy.queue_name is not None,
         # One submitter attempt: an application failure must not be resubmitted (kuberay#2376);
         # retries happen at the RayJob level on a fresh cluster, resuming from the checkpoint.
         "submitterConfig": {"backoffLimit": 0},
