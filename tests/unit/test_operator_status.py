@@ -102,6 +102,22 @@ def test_mirrored_fields() -> None:
     }
 
 
+def test_retries_count_retries_not_failed_attempts() -> None:
+    from llmtrain.operator.status import retries
+
+    assert retries({}) == 0
+    assert retries({"jobDeploymentStatus": "Retrying", "failed": 1}) == 1  # the first retry is running
+    assert retries({"jobDeploymentStatus": "Complete", "failed": 1, "succeeded": 1}) == 1
+    assert retries({"jobDeploymentStatus": "Failed", "failed": 2}) == 1  # maxRetries 1, both attempts failed
+    assert retries({"jobDeploymentStatus": "Failed", "failed": 1}) == 0  # e.g. the deadline, never retried
+
+
+def test_mirrored_fields_clear_what_the_rayjob_no_longer_has() -> None:
+    suspended = {"metadata": {"name": "j"}, "status": {"jobDeploymentStatus": "Suspended"}}
+    fields = mirrored_fields(suspended)
+    assert fields["rayClusterName"] is None and fields["dashboardURL"] is None
+
+
 def _cm(data: dict, labels: dict | None = None, owners: list | None = None) -> dict:
     meta: dict = {"name": "c", "namespace": "n", "labels": labels or {"a": "1"}}
     if owners is not None:

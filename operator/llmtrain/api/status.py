@@ -81,7 +81,9 @@ class LLMTrainingJobStatus(ApiModel):
     start_time: str | None = Field(default=None, description="When the RayJob started (RFC 3339).")
     completion_time: str | None = Field(default=None, description="When the RayJob finished (RFC 3339).")
     retries: int | None = Field(
-        default=None, ge=0, description="Failed attempts so far (RayJob status.failed)."
+        default=None,
+        ge=0,
+        description="Retries on a new Ray cluster so far, each resuming from the latest checkpoint.",
     )
     message: str | None = Field(default=None, description="Why the job is in its phase.")
     progress: Progress | None = Field(default=None, description="Live training progress (trainer-owned).")

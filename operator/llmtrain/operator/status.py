@@ -173,7 +173,14 @@ def mirrored_fields(rayjob: dict[str, Any]) -> dict[str, Any]:
         ("startTime", "startTime"),
         ("endTime", "completionTime"),
     ):
-        if status.get(src):
-            out[dst] = status[src]
-    out["retries"] = int(status.get("failed") or 0)
+        # None clears (merge patch) what the RayJob no longer has, e.g. the cluster a suspend deleted.
+        out[dst] = status.get(src) or None
+    out["retries"] = retries(status)
     return out
+
+
+def retries(rayjob_status: dict[str, Any]) -> int:
+    """Retries on a new Ray cluster so far. KubeRay's status.failed counts failed attempts; a
+    Failed RayJob's last failed attempt was not retried."""
+    failed = int(rayjob_status.get("failed") or 0)
+    return max(failed - 1, 0) if rayjob_status.get("jobDeploymentStatus") == "Failed" else failed
