@@ -189,3 +189,41 @@ def test_root_cause_only_added_on_failure() -> None:
     running = observe({"jobDeploymentStatus": "Running"})
     assert with_root_cause(running, {"error": "x"}) == running
     assert with_root_cause(failed, None) == failed
+
+
+def test_a_child_of_an_earlier_namesake_is_waited_for_and_a_foreign_one_is_a_conflict() -> None:
+    import pytest
+    from llmtrain.operator.children import ChildBeingReplaced, EnsureResult, OwnershipConflict, ensure
+    from llmtrain.operator.kube import ApiError
+
+    def ref(uid: str, name: str = "j", kind: str = "LLMTrainingJob") -> dict:
+        return {
+            "apiVersion": "llmtrain.dev/v1alpha1",
+            "kind": kind,
+            "name": name,
+            "uid": uid,
+            "controller": True,
+        }
+
+    class Kube:
+        def __init__(self, existing: dict) -> None:
+            self.existing = existing
+
+        def create(self, obj: dict) -> dict:
+            raise ApiError(409, "AlreadyExists", "exists")
+
+        def get(self, resource: object, namespace: str, name: str) -> dict:
+            return self.existing
+
+    desired = _cm({"k": "v"}, owners=[ref("new")])
+    for existing_owner, error in (
+        (ref("old"), ChildBeingReplaced),  # the deleted job of the same name
+        (ref("other", name="k"), OwnershipConflict),  # another job's child
+        (ref("x", kind="Deployment", name="j"), OwnershipConflict),  # not a job of ours at all
+    ):
+        with pytest.raises(error):
+            ensure(Kube(_cm({"k": "v"}, owners=[existing_owner])), desired, EnsureResult())  # type: ignore[arg-type]
+    dying = _cm({"k": "v"}, owners=[ref("other", name="k")])
+    dying["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    with pytest.raises(ChildBeingReplaced):
+        ensure(Kube(dying), desired, EnsureResult())  # type: ignore[arg-type]

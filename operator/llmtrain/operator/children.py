@@ -39,6 +39,11 @@ class OwnershipConflict(Exception):
     """A child's name is taken by an object another controller owns; never steal it."""
 
 
+class ChildBeingReplaced(Exception):
+    """A child's name is still held by the child of an earlier job of the same name (deleted, its
+    children being garbage-collected): wait for it to go, never adopt it."""
+
+
 @dataclass
 class EnsureResult:
     created: list[str] = field(default_factory=list)
@@ -57,6 +62,20 @@ def _controller_uid(obj: dict[str, Any]) -> str | None:
             uid: str | None = ref.get("uid")
             return uid
     return None
+
+
+def _held_by_earlier_namesake(desired: dict[str, Any], existing: dict[str, Any]) -> bool:
+    """The existing child's controller is a job of our kind and name but another uid. Names are
+    unique, so that job no longer exists and the garbage collector will delete the child."""
+    ours = (desired["metadata"].get("ownerReferences") or [{}])[0]
+    for ref in existing["metadata"].get("ownerReferences") or []:
+        if ref.get("controller"):
+            return bool(
+                ref.get("kind") == ours.get("kind")
+                and ref.get("apiVersion") == ours.get("apiVersion")
+                and ref.get("name") == ours.get("name")
+            )
+    return False
 
 
 def drift_patch(desired: dict[str, Any], existing: dict[str, Any]) -> dict[str, Any]:
@@ -108,6 +127,11 @@ def ensure(kube: Kube, desired: dict[str, Any], result: EnsureResult) -> dict[st
     owner = (meta.get("ownerReferences") or [{}])[0].get("uid")
     holder = _controller_uid(existing)
     if holder is not None and owner is not None and holder != owner:
+        if existing["metadata"].get("deletionTimestamp") or _held_by_earlier_namesake(desired, existing):
+            raise ChildBeingReplaced(
+                f"{_key(desired)} still belongs to an earlier job of the same name (uid {holder}) "
+                "that is being garbage-collected; waiting for it to go"
+            )
         raise OwnershipConflict(
             f"{_key(desired)} already exists and is controlled by another object (uid {holder}); "
             "rename the LLMTrainingJob or delete that object"

@@ -18,7 +18,7 @@ from llmtrain.api.spec import API_GROUP, API_VERSION, PLURAL
 from llmtrain.api.validation import InvalidJob, parse_job
 from llmtrain.operator import settings as operator_settings
 from llmtrain.operator import status as status_map
-from llmtrain.operator.children import OwnershipConflict, ensure_all
+from llmtrain.operator.children import ChildBeingReplaced, OwnershipConflict, ensure_all
 from llmtrain.operator.kube import RESOURCES, ApiError, Kube
 from llmtrain.operator.metrics import ERRORS, PHASE_BOOK, RECONCILE_SECONDS
 from llmtrain.render import ImageSettings, render
@@ -122,6 +122,9 @@ def reconcile(
         return
     try:
         result = ensure_all(kube, render(job, memo.images))
+    except ChildBeingReplaced as exc:
+        logger.info(str(exc))
+        raise kopf.TemporaryError(str(exc), delay=3) from exc
     except OwnershipConflict as exc:
         _fail_permanently(body, patch, "ChildConflict", str(exc), generation, existing)
         return
