@@ -68,7 +68,7 @@ render-example: $(STAMP) ## print what the 8B FSDP example becomes in the cluste
 e2e: ## kind end-to-end test (needs docker, kind, helm, kubectl)
 	bash tests/e2e/run.sh
 
-bench-operator: $(STAMP) ## operator throughput: 1,000 jobs against the test API server (BENCH_ARGS="--rate 40")
+bench-operator: $(STAMP) tools ## operator throughput: 1,000 jobs, test API server (BENCH_ARGS="--rate 40"; "--real-cluster": real control plane)
 	$(PY) benchmarks/operator_throughput.py $(BENCH_ARGS)
 
 bench-trainer: $(STAMP) ## trainer loop overhead vs a minimal FSDP2 loop (CPU)

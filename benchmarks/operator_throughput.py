@@ -3,6 +3,10 @@ its RayJob and a status, create→RayJob latency percentiles, and the operator p
 
 The operator runs as `llmtrain operator` in its own process (as in a pod); the API server runs in
 this process. Last line: `jobs=… total_s=… p50_ms=… p99_ms=… rss_mb=…`.
+
+`--real-cluster` measures the same against a real control plane (tests/support/cluster: etcd,
+kube-apiserver with RBAC and admission, KubeRay, Kueue) with the chart installed by Helm and the
+operator authenticated as the chart's ServiceAccount, as the cluster tests run it.
 """
 
 from __future__ import annotations
@@ -10,13 +14,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import json
 import os
+import re
+import shutil
+import ssl
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -28,6 +38,8 @@ from tests.support.apiserver.fixtures import (  # noqa: E402
     write_kubeconfig,
 )
 from tests.support.apiserver.server import ApiServer  # noqa: E402
+from tests.support.cluster import processes  # noqa: E402
+from tests.support.cluster.cluster import Cluster  # noqa: E402
 from tests.support.jobs import minimal_job  # noqa: E402
 from tests.support.kuberay import kuberay_crd_dir  # noqa: E402
 
@@ -61,6 +73,13 @@ def requests_per_job(server: ApiServer, jobs: int) -> str:
         method = getattr(request.method, "value", request.method)
         counts[f"{method} {resource}{sub}"] += 1
     return ", ".join(f"{key} {n / jobs:.2f}" for key, n in counts.most_common())
+
+
+def percentiles(created_at: dict[str, float], rayjob_at: dict[str, float]) -> tuple[float, float]:
+    """p50 and p99 of create→RayJob, in ms."""
+    latencies = sorted((rayjob_at[n] - created_at[n]) * 1000 for n in created_at)
+    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+    return statistics.median(latencies), p99
 
 
 async def run(jobs: int, concurrency: int, rate: float, namespace: str, workers: int, log_level: str) -> str:
@@ -142,9 +161,7 @@ async def run(jobs: int, concurrency: int, rate: float, namespace: str, workers:
         await creator
         total = max(status_at.values()) - start
         created_s = max(created_at.values()) - start
-        latencies = sorted((rayjob_at[n] - created_at[n]) * 1000 for n in created_at)
-        p50 = statistics.median(latencies)
-        p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+        p50, p99 = percentiles(created_at, rayjob_at)
         rss = peak_rss_mb(proc.pid)
         print(f"operator requests per job: {requests_per_job(server, jobs)}", flush=True)
         print(
@@ -158,6 +175,298 @@ async def run(jobs: int, concurrency: int, rate: float, namespace: str, workers:
         proc.wait(timeout=30)
         await server.aclose()
     return f"jobs={jobs} total_s={total:.1f} p50_ms={p50:.0f} p99_ms={p99:.0f} rss_mb={rss:.0f}"
+
+
+# ---- --real-cluster ------------------------------------------------------------------------------
+# Prometheus series of kube-apiserver read before and after the run, by the short name used below.
+SERVER_METRICS = {
+    "apiserver_request_total": "requests",
+    "apiserver_request_duration_seconds_sum": "seconds",
+    "apiserver_request_duration_seconds_count": "timed",
+    "apiserver_admission_webhook_admission_duration_seconds_sum": "webhook_seconds",
+    "apiserver_admission_webhook_admission_duration_seconds_count": "webhook_calls",
+    "apiserver_flowcontrol_request_wait_duration_seconds_sum": "apf_wait_seconds",
+    "apiserver_flowcontrol_request_wait_duration_seconds_count": "apf_waited",
+    "apiserver_flowcontrol_rejected_requests_total": "apf_rejected",
+}
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+# The cluster's processes whose CPU time is reported (pid files under <cluster dir>/pids/).
+COMPONENTS = ("kube-apiserver", "etcd", "kuberay", "kueue", "kube-controller-manager", "kwok")
+
+
+class RealApi:
+    """The benchmark's own client of the real API server: admin certificate, JSON over aiohttp."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        import aiohttp
+
+        pki = cluster.directory / "pki"
+        tls = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        tls.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        self.session = aiohttp.ClientSession(
+            base_url=cluster.server,
+            connector=aiohttp.TCPConnector(ssl=tls, limit=0),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+        )
+
+    async def create(self, path: str, doc: dict[str, Any]) -> None:
+        async with self.session.post(path, json=doc) as response:
+            if response.status >= 300:
+                raise SystemExit(f"POST {path}: {response.status} {await response.text()}")
+
+    async def exists(self, path: str) -> bool:
+        async with self.session.get(path) as response:
+            return response.status == 200
+
+    async def watch(self, path: str, on_event: Callable[[dict[str, Any]], None]) -> None:
+        """Calls on_event for each event of a watch from now on (one JSON object per line)."""
+        async with self.session.get(path, params={"watch": "1"}) as response:
+            buffer = b""
+            async for chunk in response.content.iter_any():
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        on_event(json.loads(line))
+
+    async def metrics(self) -> dict[str, float]:
+        """The API server's own counters, all clients together: requests and their seconds by verb and
+        resource, admission webhook calls and seconds, seconds queued by API priority and fairness."""
+        async with self.session.get("/metrics") as response:
+            text = await response.text()
+        totals: dict[str, float] = collections.defaultdict(float)
+        for line in text.splitlines():
+            name, _, rest = line.partition("{")
+            if name not in SERVER_METRICS or "} " not in rest:
+                continue
+            labels_text, value = rest.rsplit("} ", 1)
+            labels = dict(LABEL.findall(labels_text))
+            if name.startswith("apiserver_request_"):
+                if not labels.get("resource"):
+                    continue
+                sub = f"/{labels['subresource']}" if labels.get("subresource") else ""
+                code = "" if labels.get("code", "2").startswith("2") else f" {labels['code']}"
+                key = f"{labels['verb']} {labels['resource']}{sub}"
+                key += code if name == "apiserver_request_total" else ""
+            elif name.startswith("apiserver_admission_webhook"):
+                key = f"{labels['name']} {labels['operation']}"
+            else:
+                key = labels.get("priority_level", "")
+            totals[f"{SERVER_METRICS[name]}|{key}"] += float(value)
+        return dict(totals)
+
+    async def aclose(self) -> None:
+        await self.session.close()
+
+
+def real_cluster(directory: Path | None, with_kueue: bool) -> tuple[Cluster, Callable[[], None]]:
+    """The running cluster recorded in `directory` (`make cluster`'s), or a new one in a temp dir."""
+    if directory is not None:
+        return Cluster.load(directory.resolve()), lambda: None
+    tmp = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
+    started = time.monotonic()
+    cluster = Cluster.up(tmp, with_kueue=with_kueue)
+    print(f"cluster up in {time.monotonic() - started:.0f} s ({tmp})", flush=True)
+
+    def down() -> None:
+        Cluster.down(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    return cluster, down
+
+
+def install_chart(cluster: Cluster) -> None:
+    """`helm install` of charts/llmtrain, as the cluster tests' `platform` fixture does."""
+    from tests.cluster.conftest import CHART, PLATFORM_NAMESPACE, RELEASE, helm
+
+    if helm(cluster, "status", RELEASE, "-n", PLATFORM_NAMESPACE, check=False).returncode != 0:
+        helm(cluster, "install", RELEASE, str(CHART), "-n", PLATFORM_NAMESPACE, "--create-namespace")
+
+
+def start_real_operator(cluster: Cluster, tmp: Path, workers: int, log_level: str) -> subprocess.Popen[bytes]:
+    """`llmtrain operator` for all namespaces (the chart's default) with a token of the chart's
+    ServiceAccount, so the real RBAC authorizer and API priority and fairness treat it as in a pod."""
+    from tests.cluster.conftest import OPERATOR_SA, PLATFORM_NAMESPACE
+
+    token = cluster.token(OPERATOR_SA, PLATFORM_NAMESPACE, duration="2h")
+    kubeconfig = cluster.kubeconfig_for_token(tmp / "operator.kubeconfig", token)
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "LLMTRAIN_OPERATOR_WORKERS": str(workers)}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    argv = [sys.executable, "-m", "llmtrain.cli", "operator", "--all-namespaces"]
+    argv += ["--liveness-port", "0", "--metrics-port", "0", "--log-level", log_level, "--log-format", "json"]
+    with (tmp / "operator.log").open("wb") as log:
+        return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log, cwd=REPO)
+
+
+def bench_job(name: str, namespace: str, suspended: bool) -> dict[str, Any]:
+    doc = minimal_job(name, namespace)
+    if suspended:
+        doc["spec"]["runPolicy"] = {"suspend": True}
+    return doc
+
+
+async def run_real(args: argparse.Namespace) -> str:
+    jobs, rate, suspended = args.jobs, args.rate, not args.kuberay_runs
+    cluster, down = real_cluster(args.cluster_dir, with_kueue=not args.no_kueue)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-operator-"))
+    namespace = f"{args.namespace}-{int(time.time())}"  # a reused cluster keeps earlier runs' jobs
+    proc: subprocess.Popen[bytes] | None = None
+    api = RealApi(cluster)
+    try:
+        install_chart(cluster)
+        kueue = f", Kueue {cluster.kueue_version}" if "kueue" in processes.running(cluster.directory) else ""
+        print(
+            f"real cluster: Kubernetes {cluster.kubernetes_version}, "
+            f"KubeRay {cluster.kuberay_version}{kueue}; "
+            + (
+                "jobs created with spec.runPolicy.suspend=true: KubeRay only adds its finalizer and marks "
+                "each RayJob Suspended (no RayCluster, no pods), so its load stays out of the measurement"
+                if suspended
+                else "RayJobs run: KubeRay creates a RayCluster and pods per job (on the same CPUs)"
+            ),
+            flush=True,
+        )
+        for ns in (namespace, f"{namespace}-warmup"):
+            cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}])
+        proc = start_real_operator(cluster, tmp, args.workers, args.log_level)
+        # Warm-up: one job elsewhere until its RayJob exists, so the operator is watching and authorized.
+        group = "/apis/llmtrain.dev/v1alpha1/namespaces"
+        await api.create(
+            f"{group}/{namespace}-warmup/llmtrainingjobs",
+            bench_job("warmup", f"{namespace}-warmup", suspended),
+        )
+        deadline = time.monotonic() + 120
+        while not await api.exists(f"/apis/ray.io/v1/namespaces/{namespace}-warmup/rayjobs/warmup"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the operator did not start; see {tmp / 'operator.log'}")
+            await asyncio.sleep(0.2)
+
+        created_at: dict[str, float] = {}
+        rayjob_at: dict[str, float] = {}
+        status_at: dict[str, float] = {}
+        phases: dict[str, str] = {}
+        settle_phase = "Suspended" if suspended else "Running"
+        settled_at: dict[str, float] = {}
+        done = asyncio.Event()
+
+        def on_rayjob(event: dict[str, Any]) -> None:
+            rayjob_at.setdefault(event["object"]["metadata"]["name"], time.monotonic())
+
+        def on_job(event: dict[str, Any]) -> None:
+            obj = event["object"]
+            name, phase = obj["metadata"]["name"], (obj.get("status") or {}).get("phase")
+            if phase:
+                status_at.setdefault(name, time.monotonic())
+                phases[name] = phase
+                if phase == settle_phase:
+                    settled_at.setdefault(name, time.monotonic())
+                if len(status_at) == jobs:
+                    done.set()
+
+        watchers = [
+            asyncio.create_task(api.watch(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs", on_rayjob)),
+            asyncio.create_task(api.watch(f"{group}/{namespace}/llmtrainingjobs", on_job)),
+        ]
+        await asyncio.sleep(1)
+        cpu_before = {name: cpu_seconds(pid) for name, pid in processes.running(cluster.directory).items()}
+        cpu_before["operator"] = cpu_seconds(proc.pid)
+        requests_before = await api.metrics()
+        sem = asyncio.Semaphore(args.concurrency)
+        start = time.monotonic()
+
+        async def create(i: int) -> None:
+            name = f"bench-{i:05d}"
+            if rate:  # an offered load: job i is due at start + i / rate
+                await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
+            async with sem:
+                created_at[name] = time.monotonic()
+                await api.create(
+                    f"{group}/{namespace}/llmtrainingjobs", bench_job(name, namespace, suspended)
+                )
+
+        creator = asyncio.gather(*(create(i) for i in range(jobs)))
+        while not done.is_set():
+            if creator.done() and creator.exception():
+                raise creator.exception()  # type: ignore[misc]
+            if proc.poll() is not None:
+                raise SystemExit(f"the operator exited ({proc.returncode}); see {tmp / 'operator.log'}")
+            if time.monotonic() - start > 900:
+                raise SystemExit(f"timeout: {len(rayjob_at)} RayJobs, {len(status_at)} statuses after 900 s")
+            await asyncio.sleep(0.2)
+        await creator
+        total = max(status_at.values()) - start
+        created_s = max(created_at.values()) - start
+        p50, p99 = percentiles(created_at, rayjob_at)
+        rss = peak_rss_mb(proc.pid)
+        cpu = {
+            name: cpu_seconds(pid) - cpu_before.get(name, 0.0)
+            for name, pid in processes.running(cluster.directory).items()
+        }
+        cpu["operator"] = cpu_seconds(proc.pid) - cpu_before["operator"]
+        requests = {key: n - requests_before.get(key, 0.0) for key, n in (await api.metrics()).items()}
+        # KubeRay's Suspended (or Running) comes after the first status: the mirror keeps up with it?
+        settle_deadline = time.monotonic() + 60
+        while len(settled_at) < jobs and time.monotonic() < settle_deadline:
+            await asyncio.sleep(0.5)
+        for task in watchers:
+            task.cancel()
+        print(server_report(requests, jobs))
+        used = ", ".join(f"{name}={cpu[name]:.1f}" for name in ("operator", *COMPONENTS) if name in cpu)
+        print(
+            f"cpu_s from the first create to the last status: {used}; "
+            f"this client={time.process_time():.1f} (whole run)"
+        )
+        settled = max(settled_at.values()) - start if len(settled_at) == jobs else float("nan")
+        print(
+            f"client created all jobs in {created_s:.1f} s; operator: {jobs / total:.0f} jobs/s, "
+            f"cpu_s={cpu['operator']:.1f} wall_s={total:.1f}; {len(settled_at)}/{jobs} jobs "
+            f"{settle_phase} (all at {settled:.1f} s); phases: {dict(collections.Counter(phases.values()))}",
+            flush=True,
+        )
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+        await api.aclose()
+        if args.cluster_dir is not None:
+            for ns in (namespace, f"{namespace}-warmup"):
+                cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        down()
+    return f"jobs={jobs} total_s={total:.1f} p50_ms={p50:.0f} p99_ms={p99:.0f} rss_mb={rss:.0f}"
+
+
+def server_report(delta: dict[str, float], jobs: int) -> str:
+    """What the API server did during the run, from its metrics (every client, not only the operator)."""
+
+    def part(kind: str) -> dict[str, float]:
+        return {key.split("|", 1)[1]: v for key, v in delta.items() if key.startswith(kind + "|") and v > 0}
+
+    requests, seconds, timed = part("requests"), part("seconds"), part("timed")
+    per_job = ", ".join(
+        f"{key} {n / jobs:.2f}"
+        for key, n in sorted(requests.items(), key=lambda kv: -kv[1])
+        if n / jobs >= 0.05
+    )
+    latency = ", ".join(
+        f"{key} {1000 * seconds[key] / n:.0f}"
+        for key, n in sorted(timed.items(), key=lambda kv: -kv[1])
+        if n / jobs >= 0.5 and not key.startswith("WATCH")
+    )
+    hooks, hook_s = part("webhook_calls"), part("webhook_seconds")
+    webhooks = ", ".join(
+        f"{key} {1000 * hook_s.get(key, 0) / n:.0f} ms x{n / jobs:.2f}" for key, n in hooks.items()
+    )
+    waits, wait_s = part("apf_waited"), part("apf_wait_seconds")
+    queued = ", ".join(
+        f"{lvl} {1000 * wait_s.get(lvl, 0) / n:.1f} ms" for lvl, n in waits.items() if n >= jobs
+    )
+    rejected = int(sum(part("apf_rejected").values()))
+    return (
+        "API server, every client (operator, KubeRay, Kueue, controllers, this one), per job: "
+        f"{per_job}\nAPI server time per request, mean ms (server side): {latency}"
+        f"\nadmission webhooks per job: {webhooks or 'none'}"
+        f"\npriority-and-fairness queueing, mean: {queued or '-'}; rejected: {rejected}"
+    )
 
 
 def main() -> None:
@@ -175,9 +484,31 @@ def main() -> None:
     parser.add_argument(
         "--log-level", default="info", help="the operator's, as deployed by the chart (JSON logs to a file)"
     )
+    real = parser.add_argument_group("real cluster")
+    real.add_argument(
+        "--real-cluster",
+        action="store_true",
+        help="a real control plane (tests/support/cluster), chart installed, instead of the test API server",
+    )
+    real.add_argument(
+        "--cluster-dir",
+        type=Path,
+        help="the cluster running from this directory (e.g. `make cluster`'s .cluster), not a new one",
+    )
+    real.add_argument(
+        "--kuberay-runs",
+        action="store_true",
+        help="let KubeRay run every RayJob (RayClusters, pods); default: jobs are created suspended",
+    )
+    real.add_argument(
+        "--no-kueue", action="store_true", help="a new cluster without Kueue (and its webhooks)"
+    )
     args = parser.parse_args()
     load = f"{args.rate:g} jobs/s" if args.rate else f"a burst, client concurrency {args.concurrency}"
     print(f"creating {args.jobs} LLMTrainingJobs ({load}); operator threads {args.workers}", flush=True)
+    if args.real_cluster:
+        print(asyncio.run(run_real(args)))
+        return
     print(
         asyncio.run(run(args.jobs, args.concurrency, args.rate, args.namespace, args.workers, args.log_level))
     )

@@ -166,6 +166,12 @@ def test_drift_patch_rayjob_touches_only_mutable_fields() -> None:
     assert drift_patch(desired, existing) == {"spec": {"suspend": True, "activeDeadlineSeconds": None}}
 
 
+def test_drift_patch_takes_an_absent_suspend_for_false() -> None:
+    """KubeRay's own updates omit `suspend: false`; that is not drift."""
+    desired = {"kind": "RayJob", "metadata": {"labels": {}}, "spec": {"suspend": False}}
+    assert drift_patch(desired, {"kind": "RayJob", "metadata": {"labels": {}}, "spec": {}}) == {}
+
+
 def test_drift_patch_never_writes_suspend_of_a_queued_rayjob() -> None:
     """Kueue flips suspend on admission and preemption; the operator must not flip it back."""
     queued = {"labels": {"kueue.x-k8s.io/queue-name": "gpu"}}

@@ -97,6 +97,8 @@ def drift_patch(desired: dict[str, Any], existing: dict[str, Any]) -> dict[str, 
         spec_patch = {}
         for name in rayjob_synced_fields(desired):
             want, have = desired["spec"].get(name), existing.get("spec", {}).get(name)
+            if name == "suspend":  # KubeRay's writes drop a false suspend (Go omitempty)
+                want, have = bool(want), bool(have)
             if want != have:
                 spec_patch[name] = want  # None removes it (merge patch)
         if spec_patch:

@@ -7,7 +7,8 @@ Retry-After, 409, 403...) without forwarding, or forwards it late. The rules are
 (`tests/support/apiserver/faults.py`), so a scenario reads the same against either server.
 
 The client's bearer token is passed through, so RBAC still judges the client's own identity; a client
-authenticating by certificate cannot be proxied (TLS ends here). The proxy serves the cluster's
+authenticating by certificate cannot be proxied (TLS ends here), nor can protocol upgrades (exec,
+port-forward). The proxy serves the cluster's
 `webhook` certificate (127.0.0.1, signed by the cluster CA), so a kubeconfig with the cluster's CA
 verifies it, and it verifies the API server against the same CA.
 
@@ -32,6 +33,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 from yarl import URL
 
 from tests.support.apiserver.errors import REASONS, status_body
@@ -253,8 +255,8 @@ class FaultProxy:
         if rule is not None and rule.status is not None:
             self._record(info, rule.status, injected=True)
             return self._injected(info, rule)
-        body = await request.read()
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        body = await request.content.read()  # no size limit of its own: the API server applies one
+        headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP)
         assert self._session is not None
         try:
             upstream = await self._session.request(
