@@ -26,6 +26,7 @@ from tests.cluster.conftest import (
     RELEASE,
     OperatorProcess,
     apply_doc,
+    assert_no_rbac_refusals,
     end_ray_job,
     get,
     helm,
@@ -81,13 +82,7 @@ def proxied_operator(
         yield op
     finally:
         op.stop()
-        # RBAC's refusals name the user; a namespace being deleted also answers 403, to anyone.
-        forbidden = [
-            line
-            for line in op.output().splitlines()
-            if "forbidden" in line.lower() and "system:serviceaccount:" in line
-        ]
-        assert not forbidden, "the operator was refused by RBAC:\n" + "\n".join(forbidden[:10])
+        assert_no_rbac_refusals(op)
 
 
 @pytest.fixture

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import OperatorProcess, apply_doc, items, job_status, table, wait_for, wait_phase
+from tests.cluster.conftest import OperatorProcess, apply_doc, job_status, table, wait_phase
 from tests.support.cluster.cluster import Cluster
 from tests.support.jobs import minimal_job
 
@@ -47,27 +46,7 @@ def cpu_job(name: str, namespace: str, *, suspend: bool = False) -> dict[str, An
     )
 
 
-def delete_jobs(cluster: Cluster, namespace: str) -> None:
-    """Jobs and their RayJobs go before their namespace does: the operator reports on a job while its
-    RayJob changes, and Events in a terminating namespace are refused with a 403 that the `operator`
-    fixture would count as an RBAC refusal."""
-    cluster.kubectl("delete", "llmtj", "--all", "-n", namespace, "--wait=true")
-    wait_for(lambda: not items(cluster, "rayjobs", namespace), what=f"the RayJobs of {namespace} gone")
-
-
-@pytest.fixture(autouse=True)
-def jobs_deleted_first(cluster: Cluster, namespace: str) -> Iterator[None]:
-    yield
-    delete_jobs(cluster, namespace)
-
-
-@pytest.fixture
-def other_namespace(cluster: Cluster, namespace: str) -> Iterator[str]:
-    name = f"{namespace[:56].rstrip('-')}-other"
-    cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}])
-    yield name
-    delete_jobs(cluster, name)
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+pytestmark = pytest.mark.usefixtures("jobs_deleted_first")
 
 
 def test_columns_show_phase_progress_and_loss_from_the_status(

@@ -9,7 +9,6 @@ import json
 import ssl
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -56,6 +55,25 @@ def trainer_token(cluster: Cluster, namespace: str, job: str) -> str:
     """A TokenRequest token of the job's ServiceAccount once the operator has created it."""
     account = trainer_account_name(job)
     wait_for(lambda: get(cluster, "serviceaccount", account, namespace), what=f"ServiceAccount {account}")
+    # The Role and RoleBinding come after the account; wait until the authorizer sees them too.
+    user = f"system:serviceaccount:{namespace}:{account}"
+    wait_for(
+        lambda: (
+            cluster.kubectl(
+                "auth",
+                "can-i",
+                "patch",
+                f"llmtrainingjobs.llmtrain.dev/{job}",
+                "--subresource=status",
+                "-n",
+                namespace,
+                f"--as={user}",
+                check=False,
+            ).stdout.strip()
+            == "yes"
+        ),
+        what=f"{user} allowed to patch its job's status",
+    )
     return cluster.token(account, namespace)
 
 
@@ -82,27 +100,7 @@ def progress_patch(summary: str) -> dict[str, Any]:
     return {"status": {"progress": {"summary": summary}}}
 
 
-def delete_jobs(cluster: Cluster, namespace: str) -> None:
-    """Jobs and their RayJobs go before their namespace does: the operator reports on a job while its
-    RayJob changes, and Events in a terminating namespace are refused with a 403 that the `operator`
-    fixture would count as an RBAC refusal."""
-    cluster.kubectl("delete", "llmtj", "--all", "-n", namespace, "--wait=true")
-    wait_for(lambda: not items(cluster, "rayjobs", namespace), what=f"the RayJobs of {namespace} gone")
-
-
-@pytest.fixture(autouse=True)
-def jobs_deleted_first(cluster: Cluster, namespace: str) -> Iterator[None]:
-    yield
-    delete_jobs(cluster, namespace)
-
-
-@pytest.fixture
-def other_namespace(cluster: Cluster, namespace: str) -> Iterator[str]:
-    name = f"{namespace[:56].rstrip('-')}-other"
-    cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}])
-    yield name
-    delete_jobs(cluster, name)
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+pytestmark = pytest.mark.usefixtures("jobs_deleted_first")
 
 
 def test_reporter_with_the_job_token_patches_its_own_status_shown_by_kubectl(
@@ -200,7 +198,11 @@ def test_token_of_a_deleted_job_does_not_work_for_a_new_job_of_the_same_name(
     apply_doc(cluster, cpu_job("rerun", namespace, suspend=True))
     old_token = trainer_token(cluster, namespace, "rerun")
     status = JOBS.format(namespace=namespace, name="rerun") + "/status"
-    assert send(cluster, old_token, "PATCH", status, progress_patch("5/10")) == 200
+    # The operator creates the Role and RoleBinding after the ServiceAccount; RBAC sees them shortly.
+    wait_for(
+        lambda: send(cluster, old_token, "PATCH", status, progress_patch("5/10")) == 200,
+        what="the job's own token allowed",
+    )
     old_account = get(cluster, "serviceaccount", trainer_account_name("rerun"), namespace)
     assert old_account is not None
 
@@ -222,5 +224,8 @@ def test_token_of_a_deleted_job_does_not_work_for_a_new_job_of_the_same_name(
         interval=1,
         what="the old token refused (401)",
     )
-    assert send(cluster, new_token, "PATCH", status, progress_patch("0/10")) == 200
+    wait_for(
+        lambda: send(cluster, new_token, "PATCH", status, progress_patch("0/10")) == 200,
+        what="the new job's token allowed",
+    )
     assert job_status(cluster, namespace, "rerun")["progress"] == {"summary": "0/10"}
