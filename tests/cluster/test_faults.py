@@ -196,7 +196,10 @@ def test_500_429_409_on_rayjob_create_are_retried_after_retry_after(
     assert len(items(cluster, "rayjobs", namespace)) == 1
     assert _conditions(status)["Created"]["status"] == "True"
     creates = [r for r in faults.seen("create", "rayjobs") if r.namespace == namespace]
-    assert [r.status for r in creates] == [500, 429, 409, 201]
+    assert [r.status for r in creates[:4]] == [500, 429, 409, 201]
+    # A later rerun of the handler (e.g. after a 409 on its first status write) may try again: the
+    # real server's AlreadyExists, then adoption of the one RayJob, never a second object.
+    assert all(r.status == 409 and not r.injected for r in creates[4:]), creates
     # The next attempt waits for the server's Retry-After (1 s) after the 429.
     assert creates[2].at - creates[1].at >= 1.0
 
