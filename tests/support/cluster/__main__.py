@@ -30,14 +30,14 @@ def main() -> int:
     except ClusterError as e:
         print(f"cluster failed to start: {e}", file=sys.stderr)
         return 1
-    kubeconfig = args.dir / "kubeconfig"
+    kubeconfig = args.dir.resolve() / "kubeconfig"
     print(
         f"cluster is up: Kubernetes {cluster.kubernetes_version}, KubeRay {cluster.kuberay_version}, "
         f"Kueue {cluster.kueue_version}, fake nodes from kwok (no container runs).\n"
         f"  export KUBECONFIG={kubeconfig}\n"
         f"  export PATH={args.dir.resolve() / 'bin'}:$PATH   # kubectl, helm, kwokctl\n"
         f"  kubectl get nodes\n"
-        f"  make cluster-down        # stops every process; logs are in {args.dir}/logs"
+        f"  make cluster-down        # stops every process; logs are in {args.dir.resolve()}/logs"
     )
     return 0
 
