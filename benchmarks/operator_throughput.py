@@ -82,6 +82,26 @@ def percentiles(created_at: dict[str, float], rayjob_at: dict[str, float]) -> tu
     return statistics.median(latencies), p99
 
 
+async def all_statuses(
+    done: asyncio.Event,
+    creator: asyncio.Future[Any],
+    proc: subprocess.Popen[bytes],
+    log: Path,
+    start: float,
+    rayjob_at: dict[str, float],
+    status_at: dict[str, float],
+) -> None:
+    """Until every job has a status; fails fast if the client or the operator dies, or after 900 s."""
+    while not done.is_set():
+        if creator.done() and creator.exception():
+            raise creator.exception()  # type: ignore[misc]
+        if proc.poll() is not None:
+            raise SystemExit(f"the operator exited ({proc.returncode}); see {log}")
+        if time.monotonic() - start > 900:
+            raise SystemExit(f"timeout: {len(rayjob_at)} RayJobs, {len(status_at)} statuses after 900 s")
+        await asyncio.sleep(0.2)
+
+
 async def run(jobs: int, concurrency: int, rate: float, namespace: str, workers: int, log_level: str) -> str:
     crd_dir = kuberay_crd_dir()
     server = ApiServer()
@@ -148,14 +168,7 @@ async def run(jobs: int, concurrency: int, rate: float, namespace: str, workers:
         await asyncio.sleep(0.5)
         start = time.monotonic()
         creator = asyncio.gather(*(create(i) for i in range(jobs)))
-        while not done.is_set():
-            if creator.done() and creator.exception():
-                raise creator.exception()  # type: ignore[misc]
-            if proc.poll() is not None:
-                raise SystemExit(f"the operator exited ({proc.returncode}); see {tmp / 'operator.log'}")
-            if time.monotonic() - start > 900:
-                raise SystemExit(f"timeout: {len(rayjob_at)} RayJobs, {len(status_at)} statuses after 900 s")
-            await asyncio.sleep(0.2)
+        await all_statuses(done, creator, proc, tmp / "operator.log", start, rayjob_at, status_at)
         for task in watchers:
             task.cancel()
         await creator
@@ -283,21 +296,6 @@ def install_chart(cluster: Cluster) -> None:
         helm(cluster, "install", RELEASE, str(CHART), "-n", PLATFORM_NAMESPACE, "--create-namespace")
 
 
-def start_real_operator(cluster: Cluster, tmp: Path, workers: int, log_level: str) -> subprocess.Popen[bytes]:
-    """`llmtrain operator` for all namespaces (the chart's default) with a token of the chart's
-    ServiceAccount, so the real RBAC authorizer and API priority and fairness treat it as in a pod."""
-    from tests.cluster.conftest import OPERATOR_SA, PLATFORM_NAMESPACE
-
-    token = cluster.token(OPERATOR_SA, PLATFORM_NAMESPACE, duration="2h")
-    kubeconfig = cluster.kubeconfig_for_token(tmp / "operator.kubeconfig", token)
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "LLMTRAIN_OPERATOR_WORKERS": str(workers)}
-    env.pop("KUBERNETES_SERVICE_HOST", None)
-    argv = [sys.executable, "-m", "llmtrain.cli", "operator", "--all-namespaces"]
-    argv += ["--liveness-port", "0", "--metrics-port", "0", "--log-level", log_level, "--log-format", "json"]
-    with (tmp / "operator.log").open("wb") as log:
-        return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log, cwd=REPO)
-
-
 def bench_job(name: str, namespace: str, suspended: bool) -> dict[str, Any]:
     doc = minimal_job(name, namespace)
     if suspended:
@@ -328,7 +326,16 @@ async def run_real(args: argparse.Namespace) -> str:
         )
         for ns in (namespace, f"{namespace}-warmup"):
             cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}])
-        proc = start_real_operator(cluster, tmp, args.workers, args.log_level)
+        from tests.cluster.conftest import start_operator
+
+        operator = start_operator(
+            cluster,
+            tmp,
+            log_format="json",
+            log_level=args.log_level,
+            env={"LLMTRAIN_OPERATOR_WORKERS": str(args.workers)},
+        )
+        proc = operator.proc
         # Warm-up: one job elsewhere until its RayJob exists, so the operator is watching and authorized.
         group = "/apis/llmtrain.dev/v1alpha1/namespaces"
         await api.create(
@@ -385,14 +392,7 @@ async def run_real(args: argparse.Namespace) -> str:
                 )
 
         creator = asyncio.gather(*(create(i) for i in range(jobs)))
-        while not done.is_set():
-            if creator.done() and creator.exception():
-                raise creator.exception()  # type: ignore[misc]
-            if proc.poll() is not None:
-                raise SystemExit(f"the operator exited ({proc.returncode}); see {tmp / 'operator.log'}")
-            if time.monotonic() - start > 900:
-                raise SystemExit(f"timeout: {len(rayjob_at)} RayJobs, {len(status_at)} statuses after 900 s")
-            await asyncio.sleep(0.2)
+        await all_statuses(done, creator, proc, tmp / "operator.log", start, rayjob_at, status_at)
         await creator
         total = max(status_at.values()) - start
         created_s = max(created_at.values()) - start

@@ -17,7 +17,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ import yaml
 
 from tests.support.cluster import nodes, processes
 from tests.support.cluster.cluster import REPO_ROOT, Cluster, tools
+from tests.support.jobs import minimal_job
 
 PLATFORM_NAMESPACE = "llmtrain-system"
 RELEASE = "llmtrain"
@@ -78,11 +79,22 @@ def platform(cluster: Cluster) -> str:
 
 @dataclass
 class OperatorProcess:
-    proc: subprocess.Popen[bytes]
+    """`llmtrain operator` in its own process, logging to `log`; `restart` starts the same again."""
+
+    argv: list[str]
+    env: dict[str, str]
     log: Path
-    liveness_port: int
-    metrics_port: int
     kubeconfig: Path
+    proc: subprocess.Popen[bytes] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._spawn()
+
+    def _spawn(self) -> None:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=REPO_ROOT
+            )
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
@@ -102,44 +114,35 @@ class OperatorProcess:
     def restart(self, *, kill: bool = False) -> None:
         """The same operator identity in a new process, as after a pod restart."""
         self.stop(kill=kill)
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
-        env.pop("KUBERNETES_SERVICE_HOST", None)
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                _operator_argv(self.liveness_port, self.metrics_port),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=REPO_ROOT,
-            )
+        self._spawn()
 
 
-def start_operator(cluster: Cluster, directory: Path, name: str = "operator") -> OperatorProcess:
-    """`llmtrain operator` as the chart's ServiceAccount (a TokenRequest token, no admin rights)."""
+def start_operator(
+    cluster: Cluster,
+    directory: Path,
+    name: str = "operator",
+    *,
+    log_format: str = "plain",
+    log_level: str = "info",
+    env: dict[str, str] | None = None,
+) -> OperatorProcess:
+    """`llmtrain operator` for all namespaces as the chart's ServiceAccount (a TokenRequest token, no
+    admin rights), so the real RBAC authorizer and API priority and fairness treat it as in a pod."""
     token = cluster.token(OPERATOR_SA, PLATFORM_NAMESPACE, duration="6h")
     kubeconfig = cluster.kubeconfig_for_token(directory / f"{name}.kubeconfig", token)
-    liveness, metrics = processes.free_port(), processes.free_port()
-    log = directory / f"{name}.log"
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-    env.pop("KUBERNETES_SERVICE_HOST", None)
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            _operator_argv(liveness, metrics), stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT
-        )
-    return OperatorProcess(proc, log, liveness, metrics, kubeconfig)
-
-
-def _operator_argv(liveness: int, metrics: int) -> list[str]:
-    return [
+    full_env = {**os.environ, **(env or {}), "KUBECONFIG": str(kubeconfig)}
+    full_env.pop("KUBERNETES_SERVICE_HOST", None)
+    argv = [
         sys.executable,
         "-m",
         "llmtrain.cli",
         "operator",
-        f"--liveness-port={liveness}",
-        f"--metrics-port={metrics}",
-        "--log-format=plain",
-        "--log-level=info",
+        f"--liveness-port={processes.free_port()}",
+        f"--metrics-port={processes.free_port()}",
+        f"--log-format={log_format}",
+        f"--log-level={log_level}",
     ]
+    return OperatorProcess(argv, full_env, directory / f"{name}.log", kubeconfig)
 
 
 @pytest.fixture(scope="session")
@@ -407,3 +410,26 @@ def other_namespace(cluster: Cluster, namespace: str) -> Iterator[str]:
     yield name
     delete_jobs(cluster, name)
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def cpu_job(
+    name: str, namespace: str, *, suspend: bool = False, workers: int = 1, **spec: Any
+) -> dict[str, Any]:
+    """A small CPU job on a provisioned claim; suspended ones get their identity (ServiceAccount,
+    Role) but no Ray cluster."""
+    resources = {
+        "workers": workers,
+        "gpusPerWorker": 0,
+        "cpu": "1",
+        "memory": "2Gi",
+        "sharedMemory": "1Gi",
+        "head": {"cpu": "1", "memory": "2Gi"},
+    }
+    return minimal_job(
+        name,
+        namespace,
+        resources=resources,
+        storage={"create": {"size": "1Gi", "storageClassName": "shared-rwx"}},
+        runPolicy={"suspend": suspend},
+        **spec,
+    )

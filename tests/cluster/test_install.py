@@ -46,22 +46,26 @@ def test_helm_install_creates_the_platform_under_restricted_pod_security(
     assert "violate" not in warnings, warnings
 
 
-def test_helm_upgrade_with_changed_values_rolls_the_operator(cluster: Cluster, platform: str) -> None:
-    before = get(cluster, "deployment", "llmtrain-operator", platform)
-    assert before is not None
+def _upgrade(cluster: Cluster, namespace: str, value: str) -> None:
     helm(
         cluster,
         "upgrade",
         RELEASE,
         str(CHART),
         "-n",
-        platform,
+        namespace,
         "--reuse-values",
         "--set",
-        "logLevel=debug",
+        value,
         "--wait",
         "--timeout=120s",
     )
+
+
+def test_helm_upgrade_with_changed_values_rolls_the_operator(cluster: Cluster, platform: str) -> None:
+    before = get(cluster, "deployment", "llmtrain-operator", platform)
+    assert before is not None
+    _upgrade(cluster, platform, "logLevel=debug")
     after = get(cluster, "deployment", "llmtrain-operator", platform)
     assert after is not None
     args = after["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -69,19 +73,7 @@ def test_helm_upgrade_with_changed_values_rolls_the_operator(cluster: Cluster, p
     assert after["metadata"]["generation"] > before["metadata"]["generation"]
     history = json.loads(helm(cluster, "history", RELEASE, "-n", platform, "-o", "json").stdout)
     assert [h["status"] for h in history][-1] == "deployed" and len(history) >= 2
-    helm(
-        cluster,
-        "upgrade",
-        RELEASE,
-        str(CHART),
-        "-n",
-        platform,
-        "--reuse-values",
-        "--set",
-        "logLevel=info",
-        "--wait",
-        "--timeout=120s",
-    )
+    _upgrade(cluster, platform, "logLevel=info")
 
 
 def test_kubectl_apply_server_side_kustomize(cluster: Cluster, tmp_path: Path) -> None:

@@ -9,9 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import OperatorProcess, apply_doc, job_status, table, wait_phase
+from tests.cluster.conftest import OperatorProcess, apply_doc, cpu_job, job_status, table, wait_phase
 from tests.support.cluster.cluster import Cluster
-from tests.support.jobs import minimal_job
 
 COLUMNS = ["NAME", "PHASE", "STRATEGY", "WORKERS", "GPUS", "PROGRESS", "LOSS", "AGE"]
 WIDE_COLUMNS = [*COLUMNS, "METHOD", "MODEL", "TOKENS/S", "ETA(S)", "RAYJOB", "MESSAGE"]
@@ -26,23 +25,16 @@ NAMES = [
 CATEGORIES = ["llmtrain", "ml"]
 
 
-def cpu_job(name: str, namespace: str, *, suspend: bool = False) -> dict[str, Any]:
-    return minimal_job(
+def listed_job(name: str, namespace: str, *, suspend: bool = False) -> dict[str, Any]:
+    """Method and Model differ from the defaults, so the wide columns show real values."""
+    return cpu_job(
         name,
         namespace,
+        suspend=suspend,
+        workers=2,
         model={"name": "Qwen/Qwen2.5-0.5B"},
         method={"type": "lora"},
         strategy={"type": "ddp"},
-        resources={
-            "workers": 2,
-            "gpusPerWorker": 0,
-            "cpu": "1",
-            "memory": "2Gi",
-            "sharedMemory": "1Gi",
-            "head": {"cpu": "1", "memory": "2Gi"},
-        },
-        storage={"create": {"size": "1Gi", "storageClassName": "shared-rwx"}},
-        runPolicy={"suspend": suspend},
     )
 
 
@@ -52,7 +44,7 @@ pytestmark = pytest.mark.usefixtures("jobs_deleted_first")
 def test_columns_show_phase_progress_and_loss_from_the_status(
     cluster: Cluster, operator: OperatorProcess, namespace: str
 ) -> None:
-    apply_doc(cluster, cpu_job("tiny", namespace))
+    apply_doc(cluster, listed_job("tiny", namespace))
     wait_phase(cluster, namespace, "tiny", "Running")
     progress = {
         "step": 120,
@@ -105,8 +97,8 @@ def test_columns_show_phase_progress_and_loss_from_the_status(
 def test_all_namespaces_every_name_and_the_categories_list_jobs(
     cluster: Cluster, operator: OperatorProcess, namespace: str, other_namespace: str
 ) -> None:
-    apply_doc(cluster, cpu_job("alpha", namespace, suspend=True))
-    apply_doc(cluster, cpu_job("beta", other_namespace, suspend=True))
+    apply_doc(cluster, listed_job("alpha", namespace, suspend=True))
+    apply_doc(cluster, listed_job("beta", other_namespace, suspend=True))
     for ns, name in ((namespace, "alpha"), (other_namespace, "beta")):
         wait_phase(cluster, ns, name, "Suspended")
 

@@ -28,7 +28,6 @@ from tests.cluster.conftest import (
     get,
     items,
     job_status,
-    touch_job_pods,
     wait_for,
     wait_phase,
 )
@@ -231,7 +230,6 @@ def test_tiny_cpu_example_runs_on_kuberay_and_succeeds(
         assert pvc is not None and pvc["status"]["phase"] == "Bound", pvc
 
         end_ray_job(cluster, ns, TINY, succeed=True)
-        touch_job_pods(cluster, ns)
         done = wait_phase(cluster, ns, TINY, "Succeeded", "Failed")
         assert done["phase"] == "Succeeded", done
         assert _rayjob(cluster, ns, TINY)["status"]["jobDeploymentStatus"] == "Complete"
@@ -418,7 +416,6 @@ def test_submitter_failure_retries_on_a_new_cluster_then_fails_when_retries_run_
             assert "Retrying" in _deployment_states(rayjobs.versions(TINY))
 
             fail_submitter(cluster, ns)
-            touch_job_pods(cluster, ns)
             status = wait_phase(cluster, ns, TINY, "Failed")
             versions = rayjobs.versions(TINY)
         failed = _conditions(status)["Failed"]

@@ -19,6 +19,7 @@ from llmtrain_trainer.metrics import MetricsRecord
 from tests.cluster.conftest import (
     OperatorProcess,
     apply_doc,
+    cpu_job,
     get,
     items,
     job_status,
@@ -27,28 +28,8 @@ from tests.cluster.conftest import (
     wait_phase,
 )
 from tests.support.cluster.cluster import Cluster
-from tests.support.jobs import minimal_job
 
 JOBS = "/apis/llmtrain.dev/v1alpha1/namespaces/{namespace}/llmtrainingjobs/{name}"
-CPU_RESOURCES = {
-    "workers": 1,
-    "gpusPerWorker": 0,
-    "cpu": "1",
-    "memory": "2Gi",
-    "sharedMemory": "1Gi",
-    "head": {"cpu": "1", "memory": "2Gi"},
-}
-
-
-def cpu_job(name: str, namespace: str, *, suspend: bool = False) -> dict[str, Any]:
-    """A small CPU job; suspended ones get their identity (ServiceAccount, Role) but no Ray cluster."""
-    return minimal_job(
-        name,
-        namespace,
-        resources=CPU_RESOURCES,
-        storage={"create": {"size": "1Gi", "storageClassName": "shared-rwx"}},
-        runPolicy={"suspend": suspend},
-    )
 
 
 def trainer_token(cluster: Cluster, namespace: str, job: str) -> str:

@@ -27,11 +27,6 @@ def kuberay_crd_dir() -> Path:
     return tools.module_dir("kuberay") / "config" / "crd" / "bases"
 
 
-def require_kuberay_crd_dir() -> Path:
-    """Kept for callers written when the CRDs could be missing: they now always resolve."""
-    return kuberay_crd_dir()
-
-
 @functools.cache
 def _load_crd(filename: str) -> dict[str, Any]:
     data: dict[str, Any] = yaml.safe_load((kuberay_crd_dir() / filename).read_text())

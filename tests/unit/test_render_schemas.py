@@ -1,5 +1,5 @@
-"""Every rendered RayJob validates against KubeRay v1.7.0's CRD schema; core objects against
-Kubernetes' own schemas. Examples plus a hypothesis-generated family of valid specs."""
+"""Every rendered RayJob validates against the CRD schema of the KubeRay Go module the cluster tier
+runs; core objects against Kubernetes' own schemas. Examples plus a hypothesis-generated family."""
 
 from __future__ import annotations
 

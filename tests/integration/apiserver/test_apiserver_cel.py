@@ -9,7 +9,6 @@ import pytest
 
 from tests.integration.apiserver import widgets
 from tests.support.apiserver import ApiError, ApiServer
-from tests.support.kuberay import require_kuberay_crd_dir
 
 API, KIND = widgets.API_VERSION, widgets.KIND
 
@@ -98,7 +97,6 @@ async def test_a_crd_with_an_unparsable_rule_is_rejected(bare_apiserver: ApiServ
 
 
 async def test_kuberay_managed_by_is_immutable(apiserver: ApiServer) -> None:
-    require_kuberay_crd_dir()
     rayjob: dict[str, Any] = {
         "apiVersion": "ray.io/v1",
         "kind": "RayJob",

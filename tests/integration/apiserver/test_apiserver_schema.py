@@ -9,7 +9,6 @@ import pytest
 
 from tests.integration.apiserver import widgets
 from tests.support.apiserver import ApiError, ApiServer
-from tests.support.kuberay import require_kuberay_crd_dir
 
 API, KIND = widgets.API_VERSION, widgets.KIND
 
@@ -130,7 +129,6 @@ async def test_metadata_is_validated_for_every_kind(bare_apiserver: ApiServer) -
 
 
 async def test_kuberay_rayjob_crd_validates_defaults_and_prunes(apiserver: ApiServer) -> None:
-    require_kuberay_crd_dir()
     rayjob: dict[str, Any] = {
         "apiVersion": "ray.io/v1",
         "kind": "RayJob",

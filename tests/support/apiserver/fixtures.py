@@ -3,7 +3,7 @@
 Register it once, in the root conftest: `pytest_plugins = ["tests.support.apiserver.fixtures"]`.
 
 - `apiserver`: a running server with KubeRay's RayJob/RayCluster CRDs and every CRD in
-  `manifests/crds/*.yaml` installed (skips the test when KubeRay's CRDs cannot be found);
+  `manifests/crds/*.yaml` installed;
 - `bare_apiserver`: the same server with builtin resources only, for tests that bring their own CRDs.
 
 Both point `$KUBECONFIG`, the official `kubernetes` client and Kopf's default login at the server.
@@ -22,7 +22,7 @@ import pytest_asyncio
 import yaml
 
 from tests.support.apiserver.server import ApiServer
-from tests.support.kuberay import REPO_ROOT, require_kuberay_crd_dir
+from tests.support.kuberay import REPO_ROOT, kuberay_crd_dir
 
 PROJECT_CRD_DIR = REPO_ROOT / "manifests" / "crds"
 KUBERAY_CRD_FILES = ("ray.io_rayjobs.yaml", "ray.io_rayclusters.yaml")
@@ -103,7 +103,7 @@ async def bare_apiserver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Asy
 @pytest_asyncio.fixture
 async def apiserver(bare_apiserver: ApiServer) -> ApiServer:
     """`bare_apiserver` plus KubeRay's RayJob and RayCluster CRDs and the project's own CRDs."""
-    for crd in crd_documents(require_kuberay_crd_dir(), KUBERAY_CRD_FILES):
+    for crd in crd_documents(kuberay_crd_dir(), KUBERAY_CRD_FILES):
         await bare_apiserver.install_crd(crd)
     if PROJECT_CRD_DIR.is_dir():
         for crd in crd_documents(PROJECT_CRD_DIR):
