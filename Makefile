@@ -68,7 +68,7 @@ render-example: $(STAMP) ## print what the 8B FSDP example becomes in the cluste
 e2e: ## kind end-to-end test (needs docker, kind, helm, kubectl)
 	bash tests/e2e/run.sh
 
-bench-operator: $(STAMP) tools ## operator throughput: 1,000 jobs, test API server (BENCH_ARGS="--rate 40"; "--real-cluster": real control plane)
+bench-operator: $(STAMP) tools ## operator throughput: 1,000 jobs on a real control plane (BENCH_ARGS="--rate 10")
 	$(PY) benchmarks/operator_throughput.py $(BENCH_ARGS)
 
 bench-trainer: $(STAMP) ## trainer loop overhead vs a minimal FSDP2 loop (CPU)

@@ -1,12 +1,10 @@
-"""Operator throughput: N LLMTrainingJobs created in the test API server; time until every one has
-its RayJob and a status, create→RayJob latency percentiles, and the operator process's peak RSS.
+"""Operator throughput: N LLMTrainingJobs created in a real control plane (tests/support/cluster:
+etcd, kube-apiserver with RBAC and admission, KubeRay, Kueue) with the chart installed by Helm; time
+until every one has its RayJob and a status, create→RayJob latency percentiles, the operator
+process's peak RSS, and what it asked of the API server per job (from the server's audit log).
 
-The operator runs as `llmtrain operator` in its own process (as in a pod); the API server runs in
-this process. Last line: `jobs=… total_s=… p50_ms=… p99_ms=… rss_mb=…`.
-
-`--real-cluster` measures the same against a real control plane (tests/support/cluster: etcd,
-kube-apiserver with RBAC and admission, KubeRay, Kueue) with the chart installed by Helm and the
-operator authenticated as the chart's ServiceAccount, as the cluster tests run it.
+The operator runs as `llmtrain operator` in its own process, authenticated as the chart's
+ServiceAccount, as the cluster tests run it. Last line: `jobs=… total_s=… p50_ms=… p99_ms=… rss_mb=…`.
 """
 
 from __future__ import annotations
@@ -31,20 +29,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.support.apiserver.fixtures import (  # noqa: E402
-    KUBERAY_CRD_FILES,
-    PROJECT_CRD_DIR,
-    crd_documents,
-    write_kubeconfig,
-)
-from tests.support.apiserver.server import ApiServer  # noqa: E402
-from tests.support.cluster import processes  # noqa: E402
+from tests.support.cluster import audit, processes  # noqa: E402
 from tests.support.cluster.cluster import Cluster  # noqa: E402
 from tests.support.jobs import minimal_job  # noqa: E402
-from tests.support.kuberay import kuberay_crd_dir  # noqa: E402
-
-JOB = ("llmtrain.dev/v1alpha1", "LLMTrainingJob")
-RAYJOB = ("ray.io/v1", "RayJob")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -58,21 +45,6 @@ def peak_rss_mb(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def requests_per_job(server: ApiServer, jobs: int) -> str:
-    """What the operator asked of the API server, per job, by verb and resource (the client's excluded)."""
-    counts: collections.Counter[str] = collections.Counter()
-    for request in server.requests():
-        if "kopf" not in request.headers.get("User-Agent", "") and "OpenAPI" not in request.headers.get(
-            "User-Agent", ""
-        ):
-            continue  # the benchmark's own aiohttp client
-        resource = request.resource.plural if request.resource else "-"
-        sub = f"/{request.subresource}" if request.subresource else ""
-        method = getattr(request.method, "value", request.method)
-        counts[f"{method} {resource}{sub}"] += 1
-    return ", ".join(f"{key} {n / jobs:.2f}" for key, n in counts.most_common())
 
 
 def percentiles(created_at: dict[str, float], rayjob_at: dict[str, float]) -> tuple[float, float]:
@@ -102,95 +74,6 @@ async def all_statuses(
         await asyncio.sleep(0.2)
 
 
-async def run(jobs: int, concurrency: int, rate: float, namespace: str, workers: int, log_level: str) -> str:
-    crd_dir = kuberay_crd_dir()
-    server = ApiServer()
-    server.start()
-    for crd in [*crd_documents(crd_dir, KUBERAY_CRD_FILES), *crd_documents(PROJECT_CRD_DIR)]:
-        await server.install_crd(crd)
-    await server.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-    tmp = Path(tempfile.mkdtemp())
-    kubeconfig = write_kubeconfig(server.url, tmp / "kubeconfig")
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "LLMTRAIN_OPERATOR_WORKERS": str(workers)}
-    env.pop("KUBERNETES_SERVICE_HOST", None)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "llmtrain.cli",
-            "operator",
-            "--namespace",
-            namespace,
-            "--liveness-port",
-            "0",
-            "--metrics-port",
-            "0",
-            "--log-level",
-            log_level,
-            "--log-format",
-            "json",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=open(tmp / "operator.log", "w"),  # noqa: SIM115
-    )
-    try:
-        await asyncio.sleep(3)  # let Kopf start its watches
-        created_at: dict[str, float] = {}
-        rayjob_at: dict[str, float] = {}
-        status_at: dict[str, float] = {}
-        sem = asyncio.Semaphore(concurrency)
-
-        async def create(i: int) -> None:
-            name = f"bench-{i:05d}"
-            doc = minimal_job(name, namespace)
-            if rate:  # an offered load: job i is due at start + i / rate
-                await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
-            async with sem:
-                created_at[name] = time.monotonic()
-                await server.create(doc)
-
-        done = asyncio.Event()
-
-        async def watch_rayjobs() -> None:
-            async for event in server.watch(*RAYJOB, namespace):
-                rayjob_at.setdefault(event["object"]["metadata"]["name"], time.monotonic())
-
-        async def watch_jobs() -> None:
-            async for event in server.watch(*JOB, namespace):
-                obj = event["object"]
-                if (obj.get("status") or {}).get("phase"):
-                    status_at.setdefault(obj["metadata"]["name"], time.monotonic())
-                    if len(status_at) == jobs:
-                        done.set()
-
-        watchers = [asyncio.create_task(watch_rayjobs()), asyncio.create_task(watch_jobs())]
-        await asyncio.sleep(0.5)
-        start = time.monotonic()
-        creator = asyncio.gather(*(create(i) for i in range(jobs)))
-        await all_statuses(done, creator, proc, tmp / "operator.log", start, rayjob_at, status_at)
-        for task in watchers:
-            task.cancel()
-        await creator
-        total = max(status_at.values()) - start
-        created_s = max(created_at.values()) - start
-        p50, p99 = percentiles(created_at, rayjob_at)
-        rss = peak_rss_mb(proc.pid)
-        print(f"operator requests per job: {requests_per_job(server, jobs)}", flush=True)
-        print(
-            f"client created all jobs in {created_s:.1f} s; operator: {jobs / total:.0f} jobs/s, "
-            f"cpu_s={cpu_seconds(proc.pid):.1f} wall_s={total:.1f} "
-            f"server+client cpu_s={time.process_time():.1f}",
-            flush=True,
-        )
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        await server.aclose()
-    return f"jobs={jobs} total_s={total:.1f} p50_ms={p50:.0f} p99_ms={p99:.0f} rss_mb={rss:.0f}"
-
-
-# ---- --real-cluster ------------------------------------------------------------------------------
 # Prometheus series of kube-apiserver read before and after the run, by the short name used below.
 SERVER_METRICS = {
     "apiserver_request_total": "requests",
@@ -272,7 +155,7 @@ class RealApi:
         await self.session.close()
 
 
-def real_cluster(directory: Path | None, with_kueue: bool) -> tuple[Cluster, Callable[[], None]]:
+def start_cluster(directory: Path | None, with_kueue: bool) -> tuple[Cluster, Callable[[], None]]:
     """The running cluster recorded in `directory` (`make cluster`'s), or a new one in a temp dir."""
     if directory is not None:
         return Cluster.load(directory.resolve()), lambda: None
@@ -303,9 +186,19 @@ def bench_job(name: str, namespace: str, suspended: bool) -> dict[str, Any]:
     return doc
 
 
-async def run_real(args: argparse.Namespace) -> str:
+def requests_per_job(cluster: Cluster, since: int, jobs: int) -> str:
+    """What the operator asked of the API server, per job, by verb and resource (its audit trail)."""
+    from tests.cluster.conftest import OPERATOR_USER
+
+    counts = collections.Counter(
+        f"{call.verb} {call.resource}" for call in audit.calls(cluster.audit_log, OPERATOR_USER, since)
+    )
+    return ", ".join(f"{key} {n / jobs:.2f}" for key, n in counts.most_common())
+
+
+async def run(args: argparse.Namespace) -> str:
     jobs, rate, suspended = args.jobs, args.rate, not args.kuberay_runs
-    cluster, down = real_cluster(args.cluster_dir, with_kueue=not args.no_kueue)
+    cluster, down = start_cluster(args.cluster_dir, with_kueue=not args.no_kueue)
     tmp = Path(tempfile.mkdtemp(prefix="bench-operator-"))
     namespace = f"{args.namespace}-{int(time.time())}"  # a reused cluster keeps earlier runs' jobs
     proc: subprocess.Popen[bytes] | None = None
@@ -378,6 +271,7 @@ async def run_real(args: argparse.Namespace) -> str:
         cpu_before = {name: cpu_seconds(pid) for name, pid in processes.running(cluster.directory).items()}
         cpu_before["operator"] = cpu_seconds(proc.pid)
         requests_before = await api.metrics()
+        audit_mark = audit.size(cluster.audit_log)
         sem = asyncio.Semaphore(args.concurrency)
         start = time.monotonic()
 
@@ -411,6 +305,7 @@ async def run_real(args: argparse.Namespace) -> str:
         for task in watchers:
             task.cancel()
         print(server_report(requests, jobs))
+        print(f"operator requests per job: {requests_per_job(cluster, audit_mark, jobs)}")
         used = ", ".join(f"{name}={cpu[name]:.1f}" for name in ("operator", *COMPONENTS) if name in cpu)
         print(
             f"cpu_s from the first create to the last status: {used}; "
@@ -484,12 +379,7 @@ def main() -> None:
     parser.add_argument(
         "--log-level", default="info", help="the operator's, as deployed by the chart (JSON logs to a file)"
     )
-    real = parser.add_argument_group("real cluster")
-    real.add_argument(
-        "--real-cluster",
-        action="store_true",
-        help="a real control plane (tests/support/cluster), chart installed, instead of the test API server",
-    )
+    real = parser.add_argument_group("cluster")
     real.add_argument(
         "--cluster-dir",
         type=Path,
@@ -506,12 +396,7 @@ def main() -> None:
     args = parser.parse_args()
     load = f"{args.rate:g} jobs/s" if args.rate else f"a burst, client concurrency {args.concurrency}"
     print(f"creating {args.jobs} LLMTrainingJobs ({load}); operator threads {args.workers}", flush=True)
-    if args.real_cluster:
-        print(asyncio.run(run_real(args)))
-        return
-    print(
-        asyncio.run(run(args.jobs, args.concurrency, args.rate, args.namespace, args.workers, args.log_level))
-    )
+    print(asyncio.run(run(args)))
 
 
 if __name__ == "__main__":

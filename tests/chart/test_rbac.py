@@ -22,7 +22,7 @@ from tests.chart.helm import ALL_SETS, CHART, NAMESPACE, Obj, find, load_values,
 
 Triple = tuple[str, str, str]
 EXPECTED: frozenset[Triple] = frozenset(
-    (p.api_group, p.resource, verb) for p in OPERATOR_PERMISSIONS for verb in p.verbs
+    (p.api_group, p.resource, verb) for p in OPERATOR_PERMISSIONS for verb in (*p.verbs, *p.admission_only)
 )
 SECRET_READ: Triple = ("", "secrets", "get")
 

@@ -23,12 +23,14 @@ from typing import Any
 
 import pytest
 import yaml
+from llmtrain.operator.permissions import granted
 
-from tests.support.cluster import nodes, processes
+from tests.support.cluster import audit, nodes, processes
+from tests.support.cluster import cluster as cluster_module
 from tests.support.cluster.cluster import REPO_ROOT, Cluster, tools
 from tests.support.jobs import minimal_job
 
-PLATFORM_NAMESPACE = "llmtrain-system"
+PLATFORM_NAMESPACE = cluster_module.PLATFORM_NAMESPACE
 RELEASE = "llmtrain"
 OPERATOR_SA = "llmtrain-operator"
 CHART = REPO_ROOT / "charts" / "llmtrain"
@@ -116,6 +118,11 @@ class OperatorProcess:
         self.stop(kill=kill)
         self._spawn()
 
+    def start(self) -> None:
+        """Start it again after `stop`."""
+        assert self.proc.poll() is not None, "still running"
+        self._spawn()
+
 
 def start_operator(
     cluster: Cluster,
@@ -125,6 +132,7 @@ def start_operator(
     log_format: str = "plain",
     log_level: str = "info",
     env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
 ) -> OperatorProcess:
     """`llmtrain operator` for all namespaces as the chart's ServiceAccount (a TokenRequest token, no
     admin rights), so the real RBAC authorizer and API priority and fairness treat it as in a pod."""
@@ -141,6 +149,7 @@ def start_operator(
         f"--metrics-port={processes.free_port()}",
         f"--log-format={log_format}",
         f"--log-level={log_level}",
+        *args,
     ]
     return OperatorProcess(argv, full_env, directory / f"{name}.log", kubeconfig)
 
@@ -155,6 +164,21 @@ def operator(
     finally:
         op.stop()
         assert_no_rbac_refusals(op)
+        assert_only_declared_calls(cluster)
+
+
+OPERATOR_USER = f"system:serviceaccount:{PLATFORM_NAMESPACE}:{OPERATOR_SA}"
+
+
+def assert_only_declared_calls(cluster: Cluster, since: int = 0) -> list[audit.Call]:
+    """From the API server's audit log: the operator made only the calls it declares, was refused
+    none, and never used a right it holds only for an admission plugin's sake (e.g. `delete`)."""
+    made = audit.calls(cluster.audit_log, OPERATOR_USER, since)
+    undeclared = sorted({c.permission for c in made if not granted(*c.permission)})
+    assert not undeclared, f"the operator made calls it does not declare: {undeclared}"
+    refused = [c for c in made if not c.authorized]
+    assert not refused, f"refused by RBAC: {refused[:10]}"
+    return made
 
 
 def assert_no_rbac_refusals(op: OperatorProcess) -> None:

@@ -1,5 +1,6 @@
 """At least 30 distinct bad specs: each rejected offline by `llmtrain validate` with a message that
-names the field, and, where a CRD can express it, by the CRD's own schema and CEL rules too."""
+names the field, and, where a CRD can express it, by the CRD's own schema and CEL rules too; the
+rest (inside the opaque inline model config) are accepted by the CRD and refused by the operator."""
 
 from __future__ import annotations
 
@@ -22,6 +23,21 @@ BASE = minimal_job("bad")
 
 def spec(path: str, value: Any) -> dict[str, Any]:
     return with_path(BASE, f"spec.{path}", value)
+
+
+def inline_config(**changes: Any) -> dict[str, Any]:
+    """A from-scratch model (tiny-cpu's shape) with `changes` to its config; None drops a key."""
+    config: dict[str, Any] = {
+        "model_type": "llama",
+        "vocab_size": 384,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    }
+    config.update(changes)
+    config = {k: v for k, v in config.items() if v is not None}
+    return spec("model", {"config": config, "tokenizer": "byte-level"})
 
 
 # (id, document, text the error must contain (the field), caught by the CRD too?)
@@ -167,6 +183,13 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
         "offloadOptimizer",
         True,
     ),
+    # Inside the inline model config (preserve-unknown in the CRD): the API server accepts these;
+    # `llmtrain validate` and the operator refuse them before anything is created.
+    ("config-without-model-type", inline_config(model_type=None), "model.config.model_type", False),
+    ("config-heads-do-not-divide", inline_config(hidden_size=66), "model.config.hidden_size", False),
+    ("config-kv-heads", inline_config(num_key_value_heads=3), "model.config.num_key_value_heads", False),
+    ("config-zero-layers", inline_config(num_hidden_layers=0), "model.config.num_hidden_layers", False),
+    ("config-size-as-string", inline_config(vocab_size="384"), "model.config.vocab_size", False),
 ]
 
 
@@ -194,6 +217,33 @@ def test_llmtrain_validate_rejects_naming_the_field(
     assert all(line.startswith(str(tmp_path)) for line in err.strip().splitlines())
 
 
+def cel_messages(doc: dict[str, Any]) -> list[str]:
+    """The CEL rule messages the CRD refuses `doc` with (none when its schema refuses it first:
+    the API server evaluates CEL only on a structurally valid object)."""
+    schema = openapi_schema()
+    try:
+        validate_strict(doc, schema)
+    except jsonschema.ValidationError:
+        return []
+    return [v.message for v in cel.violations(schema, _with_defaults(schema, copy.deepcopy(doc)))]
+
+
+def test_every_rule_but_transition_rules_has_a_bad_spec() -> None:
+    """The cluster tier compares both CEL engines on this corpus; transition rules (old values)
+    have their own real updates there."""
+
+    def entries(schema: dict[str, Any]) -> list[dict[str, str]]:
+        out = list(schema.get("x-kubernetes-validations", []))
+        subs = [*schema.get("properties", {}).values(), *([schema["items"]] if "items" in schema else [])]
+        for sub in subs:
+            out += entries(sub)
+        return out
+
+    messages = {e["message"] for e in entries(openapi_schema()) if "oldSelf" not in e["rule"]}
+    refused = {m for b in BAD if b[3] for m in cel_messages(b[1])}
+    assert messages <= refused, f"no bad spec for: {messages - refused}"
+
+
 def _crd_rejects(doc: dict[str, Any]) -> bool:
     """What the API server would do: structural schema (strict fields, defaults applied), then CEL."""
     schema = openapi_schema()
@@ -219,6 +269,12 @@ def _with_defaults(schema: dict[str, Any], value: Any) -> Any:
 @pytest.mark.parametrize("doc", [b[1] for b in BAD if b[3]], ids=[b[0] for b in BAD if b[3]])
 def test_crd_schema_or_cel_rejects(doc: dict[str, Any]) -> None:
     assert _crd_rejects(doc)
+
+
+@pytest.mark.parametrize("doc", [b[1] for b in BAD if not b[3]], ids=[b[0] for b in BAD if not b[3]])
+def test_what_the_crd_cannot_see_it_accepts(doc: dict[str, Any]) -> None:
+    """These reach the operator, which must refuse them itself (tests/cluster/test_reconcile.py)."""
+    assert not _crd_rejects(doc)
 
 
 def test_valid_base_passes_both(tmp_path: Path) -> None:

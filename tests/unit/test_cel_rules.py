@@ -1,5 +1,7 @@
-"""Every CEL rule of the CRD evaluated on a passing and a failing value, by two implementations:
-the product's (`common-expression-language`, Rust) and the test API server's (`cel-python`).
+"""Every CEL rule of the CRD evaluated on a passing and a failing value by the product's engine
+(`common-expression-language`, Rust), which `llmtrain validate` and the operator use. The second,
+independent engine is the real API server's cel-go: tests/cluster/test_admission.py checks that it
+refuses every bad spec of the corpus with the same rule messages.
 
 The table is keyed by rule text: a rule added to the models without an entry here fails the
 coverage test, so no rule ships untested.
@@ -13,8 +15,6 @@ from typing import Any
 import pytest
 from llmtrain.api.cel import evaluate_rule, violations
 from llmtrain.api.crd import openapi_schema
-
-from tests.support.apiserver import cel as server_cel
 
 SELF_EQ = "self == oldSelf"
 
@@ -116,9 +116,6 @@ def test_rule_passes_and_fails(rule: str, good: Any, bad: Any, old: Any) -> None
     else:
         assert evaluate_rule(rule, good, old)
         assert not evaluate_rule(rule, bad, old)
-    previous = server_cel.MISSING if old is None else old
-    assert server_cel.check([{"rule": rule}], good, previous, {}, "") == []
-    assert server_cel.check([{"rule": rule}], bad, previous, {}, "") != []
 
 
 def test_integers_in_number_fields_are_doubles_as_the_api_server_types_them() -> None:

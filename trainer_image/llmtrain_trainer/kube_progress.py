@@ -30,9 +30,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-# Outside a pod (tests, development), point the reporter at an API server explicitly.
+# Outside a pod (tests, development), point the reporter at an API server explicitly: its URL, a
+# bearer token, and the CA bundle that signed its serving certificate (else the system's CAs).
 API_SERVER_ENV = "LLMTRAIN_API_SERVER"
 API_TOKEN_ENV = "LLMTRAIN_API_TOKEN"
+API_CA_FILE_ENV = "LLMTRAIN_API_CA_FILE"
 _URGENT = {"checkpoint", "finished", "exported"}
 
 
@@ -44,10 +46,13 @@ class ApiTarget:
 
     @classmethod
     def discover(cls) -> ApiTarget | None:
-        """In a pod: the in-cluster address and ServiceAccount token; else $LLMTRAIN_API_SERVER."""
+        """$LLMTRAIN_API_SERVER (with $LLMTRAIN_API_TOKEN and $LLMTRAIN_API_CA_FILE) if set; else, in
+        a pod, the in-cluster address, ServiceAccount token and CA."""
         explicit = os.environ.get(API_SERVER_ENV)
         if explicit:
-            return cls(explicit.rstrip("/"), os.environ.get(API_TOKEN_ENV), None)
+            return cls(
+                explicit.rstrip("/"), os.environ.get(API_TOKEN_ENV), os.environ.get(API_CA_FILE_ENV) or None
+            )
         host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
         token_file = SA_DIR / "token"
         if not host or not port or not token_file.exists():

@@ -1,7 +1,10 @@
 """Validate an LLMTrainingJob document offline, the way the API server would, with fixes.
 
-Two layers, both derived from the models: pydantic checks types, enums, ranges and patterns; the
-CRD's CEL rules check cross-field constraints. Each problem names the field path and the fix.
+Three layers: pydantic checks types, enums, ranges and patterns; the CRD's CEL rules check
+cross-field constraints (both derived from the models, so the API server applies them too); and the
+inline model config, which the CRD keeps opaque, is checked here only (`model_config`), which is why
+the operator re-validates every spec before it creates anything. Each problem names the field path
+and the fix.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pydantic import ValidationError
 from llmtrain.api import cel
 from llmtrain.api.crd import openapi_schema
 from llmtrain.api.job import LLMTrainingJob
+from llmtrain.api.model_config import config_problems
 
 
 @dataclass(frozen=True)
@@ -89,9 +93,12 @@ def parse_job(document: Any, old: dict[str, Any] | None = None) -> LLMTrainingJo
     kwargs: dict[str, Any] = {}
     if old is not None:
         kwargs["old"] = old
-    found = cel.violations(_schema(), wire, **kwargs)
+    found = [Problem(v.path, v.message) for v in cel.violations(_schema(), wire, **kwargs)]
+    if job.spec.model.config is not None:
+        # Preserve-unknown in the CRD: only this check sees inside it, before anything is created.
+        found += [Problem(path, message) for path, message in config_problems(job.spec.model.config)]
     if found:
-        raise InvalidJob([Problem(v.path, v.message) for v in found])
+        raise InvalidJob(found)
     return job
 
 

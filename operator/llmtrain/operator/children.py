@@ -1,8 +1,12 @@
 """Create-or-adopt the rendered children, idempotently.
 
 Kopf re-runs an interrupted handler after a restart, so every step must tolerate objects that
-already exist: a child under its deterministic name is adopted (owner reference added) and its
-operator-managed fields are patched back to the rendered state, never duplicated.
+already exist: a child under its deterministic name is re-synced (its operator-managed fields
+patched back to the rendered state), never duplicated. An existing object without a controller is
+adopted only when it carries our marks (created by this operator for a job of this name, e.g. left
+behind by `kubectl delete --cascade=orphan`); anything else under that name belongs to someone else
+and is a conflict: never overwritten, never given an owner reference (which would let the garbage
+collector delete it with the job).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmtrain.operator.kube import ApiError, Kube, resource_of
+from llmtrain.render.labels import JOB_LABEL, MANAGED_BY, MANAGED_BY_LABEL
 from llmtrain.render.rayjob import KUEUE_QUEUE_LABEL
 
 # Fields the operator keeps in sync on an existing child. Everything else is create-only:
@@ -64,6 +69,12 @@ def _controller_uid(obj: dict[str, Any]) -> str | None:
     return None
 
 
+def _carries_our_marks(desired: dict[str, Any], existing: dict[str, Any]) -> bool:
+    want = desired["metadata"].get("labels") or {}
+    have = existing["metadata"].get("labels") or {}
+    return have.get(MANAGED_BY_LABEL) == MANAGED_BY and have.get(JOB_LABEL) == want.get(JOB_LABEL)
+
+
 def _held_by_earlier_namesake(desired: dict[str, Any], existing: dict[str, Any]) -> bool:
     """The existing child's controller is a job of our kind and name but another uid. Names are
     unique, so that job no longer exists and the garbage collector will delete the child."""
@@ -105,9 +116,17 @@ def drift_patch(desired: dict[str, Any], existing: dict[str, Any]) -> dict[str, 
             patch["spec"] = spec_patch
     else:
         for name in _SYNCED_FIELDS.get(kind, ()):
-            if desired.get(name) != existing.get(name):
-                patch[name] = desired.get(name)
+            want, have = desired.get(name), existing.get(name)
+            if want != have:
+                patch[name] = _replacing(want, have)
     return patch
+
+
+def _replacing(want: Any, have: Any) -> Any:
+    """A merge patch merges maps key by key: keys only the stored map has are removed (null)."""
+    if isinstance(want, dict) and isinstance(have, dict):
+        return {**dict.fromkeys(set(have) - set(want)), **want}
+    return want
 
 
 def ensure(kube: Kube, desired: dict[str, Any], result: EnsureResult) -> dict[str, Any]:
@@ -137,6 +156,13 @@ def ensure(kube: Kube, desired: dict[str, Any], result: EnsureResult) -> dict[st
         raise OwnershipConflict(
             f"{_key(desired)} already exists and is controlled by another object (uid {holder}); "
             "rename the LLMTrainingJob or delete that object"
+        )
+    if holder is None and owner is not None and not _carries_our_marks(desired, existing):
+        raise OwnershipConflict(
+            f"{_key(desired)} already exists and was not created by llmtrain for this job (it lacks "
+            f"the labels {MANAGED_BY_LABEL}={MANAGED_BY} and {JOB_LABEL}={meta['labels'][JOB_LABEL]}); "
+            "llmtrain never takes over an object it did not create: rename the LLMTrainingJob, or "
+            "delete or rename that object"
         )
     patch = drift_patch(desired, existing)
     if not patch:

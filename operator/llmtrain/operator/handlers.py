@@ -106,6 +106,7 @@ def reconcile(
     patch: kopf.Patch,
     memo: kopf.Memo,
     logger: kopf.Logger,
+    retry: int,
     **_: Any,
 ) -> None:
     started = time.perf_counter()
@@ -133,6 +134,10 @@ def reconcile(
         if err.transient:
             logger.info(f"transient API error, retrying: {err}")
             raise kopf.TemporaryError(str(err), delay=err.retry_after or 2) from err
+        if err.refused_for_now:
+            _report_refusal(body, status, patch, err, retry, generation)
+            logger.warning(str(err))
+            raise kopf.TemporaryError(str(err), delay=_refusal_backoff(retry)) from err
         message = f"cannot create the job's objects: {err}"
         _fail_permanently(body, patch, "CreateFailed", message, generation, existing)
         return
@@ -143,7 +148,8 @@ def reconcile(
     if result.adopted:
         logger.info(f"adopted {', '.join(result.adopted)}")
     conditions = status_map.clear_invalid_spec(existing, generation, _now())
-    if not status.get("phase") or (status.get("phase") == "Failed" and _was_invalid(existing)):
+    # Nothing mirrored yet (a refused create may have set a Pending phase and its message).
+    if not status.get("rayJobName") or (status.get("phase") == "Failed" and _was_invalid(existing)):
         _write_first_status(kube, body, result.rayjob, conditions)
         return
     update: dict[str, Any] = {
@@ -153,6 +159,23 @@ def reconcile(
     if conditions != existing:
         update["conditions"] = conditions
     patch.status.update(update)  # written with Kopf's own bookkeeping, in one request
+
+
+def _refusal_backoff(retry: int) -> float:
+    """5 s, 10 s, 20 s ... capped at 5 minutes: a full quota may take a while to free."""
+    return float(min(300, 5 * 2 ** min(retry, 6)))
+
+
+def _report_refusal(
+    body: kopf.Body, status: kopf.Status, patch: kopf.Patch, err: ApiError, retry: int, generation: Any
+) -> None:
+    """Say on the job why nothing runs yet, once per distinct refusal (not on every retry)."""
+    delay = _refusal_backoff(retry)
+    message = f"cannot create the job's objects yet (retrying every {delay:.0f} s or sooner): {err}"
+    phase = status.get("phase") or "Pending"
+    patch.status.update({"phase": phase, "message": message, "observedGeneration": generation})
+    if str(err) not in str(status.get("message") or ""):
+        _event(body, "Warning", "CreateRefused", message)
 
 
 def _write_first_status(

@@ -67,6 +67,13 @@ class ApiError(Exception):
         """Worth retrying: conflicts, throttling, server errors and timeouts."""
         return self.status in (409, 429) or self.status >= 500 or self.status == 0
 
+    @property
+    def refused_for_now(self) -> bool:
+        """Refused for a reason that can pass without the spec changing: a ResourceQuota that is
+        full (403), RBAC or a namespace still being set up or torn down (403), a CRD not installed
+        yet (404 on create). Worth retrying with backoff, unlike an invalid object (400, 422)."""
+        return self.status in (403, 404)
+
 
 class Kube:
     def __init__(self, api: k8s_client.ApiClient | None = None) -> None:

@@ -1,7 +1,8 @@
-"""Every API call the operator makes, declared once.
+"""Every API call the operator makes, declared once, and the rights admission checks demand.
 
-The Helm chart's RBAC is generated from this list (`make generate` writes it into the chart) and a
-test checks that the operator's recorded calls against the test API server stay inside it.
+The Helm chart's RBAC is generated from this list (`make generate` writes it into the chart). The
+cluster tier reads the real API server's audit log: every request the operator made is a declared
+call, every declared call is made by some scenario, and no `admission_only` verb is ever called.
 """
 
 from __future__ import annotations
@@ -16,9 +17,19 @@ class Permission:
     api_group: str
     resource: str
     verbs: tuple[str, ...]
+    # Granted, never called: an admission plugin demands them for a call in `verbs`.
+    admission_only: tuple[str, ...] = ()
 
     def rule(self) -> dict[str, list[str]]:
-        return {"apiGroups": [self.api_group], "resources": [self.resource], "verbs": list(self.verbs)}
+        verbs = [*self.verbs, *self.admission_only]
+        return {"apiGroups": [self.api_group], "resources": [self.resource], "verbs": verbs}
+
+
+# OwnerReferencesPermissionEnforcement (on in OpenShift and hardened clusters) refuses to set an owner
+# reference on an existing object unless the client may delete that object: adopting a child left
+# behind by `kubectl delete --cascade=orphan` needs `delete` on its kind. Setting blockOwnerDeletion
+# needs `update` on the owner's finalizers.
+ADOPT = ("delete",)
 
 
 OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
@@ -26,17 +37,15 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
     # finalizers), so the main resource is never written.
     Permission(API_GROUP, PLURAL, ("get", "list", "watch")),
     Permission(API_GROUP, f"{PLURAL}/status", ("patch",)),
-    # Never called: the OwnerReferencesPermissionEnforcement admission plugin lets a client set
-    # blockOwnerDeletion on a child only if it may update the owner's finalizers.
-    Permission(API_GROUP, f"{PLURAL}/finalizers", ("update",)),
+    Permission(API_GROUP, f"{PLURAL}/finalizers", (), admission_only=("update",)),
     # The RayJob: created, adopted, kept in sync (suspend, deadlines), watched for status.
-    Permission("ray.io", "rayjobs", ("get", "list", "watch", "create", "patch")),
-    # Children rendered per job.
-    Permission("", "configmaps", ("get", "create", "patch")),
-    Permission("", "persistentvolumeclaims", ("get", "create")),
-    Permission("", "serviceaccounts", ("get", "create", "patch")),
-    Permission("rbac.authorization.k8s.io", "roles", ("get", "create", "patch")),
-    Permission("rbac.authorization.k8s.io", "rolebindings", ("get", "create", "patch")),
+    Permission("ray.io", "rayjobs", ("get", "list", "watch", "create", "patch"), ADOPT),
+    # Children rendered per job: created, or adopted (owner reference patched in) and re-synced.
+    Permission("", "configmaps", ("get", "create", "patch"), ADOPT),
+    Permission("", "persistentvolumeclaims", ("get", "create", "patch"), ADOPT),
+    Permission("", "serviceaccounts", ("get", "create", "patch"), ADOPT),
+    Permission("rbac.authorization.k8s.io", "roles", ("get", "create", "patch"), ADOPT),
+    Permission("rbac.authorization.k8s.io", "rolebindings", ("get", "create", "patch"), ADOPT),
     # Kubernetes Events on phase transitions and errors.
     Permission("", "events", ("create",)),
     Permission("events.k8s.io", "events", ("create",)),

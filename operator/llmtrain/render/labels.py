@@ -8,6 +8,7 @@ from llmtrain.api.job import LLMTrainingJob
 from llmtrain.api.spec import API_GROUP, API_VERSION, KIND
 
 JOB_LABEL = f"{API_GROUP}/job"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "llmtrain-operator"
 
 
@@ -15,7 +16,7 @@ def labels(job: LLMTrainingJob, component: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "llmtrain",
         "app.kubernetes.io/instance": job.metadata.name,
-        "app.kubernetes.io/managed-by": MANAGED_BY,
+        MANAGED_BY_LABEL: MANAGED_BY,
         "app.kubernetes.io/component": component,
         JOB_LABEL: job.metadata.name,
     }

@@ -74,6 +74,22 @@ ADMISSION_PLUGINS = [
 STORAGE_CLASSES = ("kwok-volume", "shared-rwx")
 
 
+# What every ServiceAccount of the platform namespace (the operator's identities) asks the API
+# server, one JSON line per request once answered: how tests prove least privilege from the server's
+# side (tests/support/cluster/audit.py). Nobody else is logged.
+PLATFORM_NAMESPACE = "llmtrain-system"
+AUDIT_LOG = "audit.log"
+AUDIT_POLICY: dict[str, Any] = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived", "ResponseStarted"],
+    "rules": [
+        {"level": "Metadata", "userGroups": [f"system:serviceaccounts:{PLATFORM_NAMESPACE}"]},
+        {"level": "None"},
+    ],
+}
+
+
 class ClusterError(RuntimeError):
     pass
 
@@ -165,6 +181,8 @@ class Cluster:
             )
 
         admin = client("admin", "llmtrain-test-admin", ("system:masters",))
+        (d / "logs").mkdir(exist_ok=True)
+        (d / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
         processes.start(
             d,
             "kube-apiserver",
@@ -185,6 +203,9 @@ class Cluster:
                 "--authorization-mode=Node,RBAC",
                 f"--enable-admission-plugins={','.join(ADMISSION_PLUGINS)}",
                 "--allow-privileged=true",
+                f"--audit-policy-file={d / 'audit-policy.yaml'}",
+                f"--audit-log-path={d / 'logs' / AUDIT_LOG}",
+                "--audit-log-format=json",
                 "--profiling=false",
                 "--v=0",
             ],
@@ -378,6 +399,10 @@ class Cluster:
     def kubeconfig_for_token(self, path: Path, token: str, namespace: str | None = None) -> Path:
         ca = (self.directory / "pki" / "ca.crt").read_bytes()
         return write_kubeconfig(path, self.server, ca_data=ca, token=token, namespace=namespace)
+
+    @property
+    def audit_log(self) -> Path:
+        return self.directory / "logs" / AUDIT_LOG
 
     def logs(self, component: str, lines: int = 40) -> str:
         return processes.tail(self.directory / "logs" / f"{component}.log", lines)

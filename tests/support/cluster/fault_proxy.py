@@ -3,8 +3,7 @@
 The real kube-apiserver cannot be told to fail the next RayJob create, so a client (the operator) is
 pointed at this proxy instead. Every request is forwarded as is, watch streams and chunked lists
 included, unless a rule matches it: then the proxy answers with a Kubernetes `Status` (500, 429 with
-Retry-After, 409, 403...) without forwarding, or forwards it late. The rules are the emulator's
-(`tests/support/apiserver/faults.py`), so a scenario reads the same against either server.
+Retry-After, 409, 403...) without forwarding, or forwards it late (`faults.py` has the rules).
 
 The client's bearer token is passed through, so RBAC still judges the client's own identity; a client
 authenticating by certificate cannot be proxied (TLS ends here), nor can protocol upgrades (exec,
@@ -36,9 +35,8 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from tests.support.apiserver.errors import REASONS, status_body
-from tests.support.apiserver.faults import Fault, Faults
 from tests.support.cluster.cluster import Cluster
+from tests.support.cluster.faults import REASONS, Fault, Faults, status_body
 
 # Per-connection headers (RFC 9110 §7.6.1) are the proxy's own on each side; everything else passes.
 _HOP_BY_HOP = frozenset(

@@ -1,14 +1,47 @@
-"""Fault injection: make the next N matching requests fail or slow down, before they touch any state.
+"""Fault rules for the fault proxy: make the next N matching requests fail or slow down before they
+reach the API server.
 
 Rules are matched by Kubernetes verb (`get list watch create update patch delete`, `*` for any) and
 resource as RBAC spells it (`rayjobs`, `rayjobs/status`, `rayjobs.ray.io`, `*`). Tests set rules from
-their own thread while the server consumes them from its thread, hence the lock.
+their own thread while the proxy consumes them from its thread, hence the lock.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Any
+
+# The reason a Kubernetes `Status` carries for each code the rules answer with.
+REASONS = {
+    400: "BadRequest",
+    403: "Forbidden",
+    404: "NotFound",
+    409: "Conflict",
+    410: "Expired",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+
+
+def status_body(code: int, reason: str, message: str, details: Any = None) -> dict[str, Any]:
+    """A failure as the API server answers it: a v1 `Status` object."""
+    body: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    if details:
+        body["details"] = details
+    return body
+
 
 VERBS = frozenset({"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection", "*"})
 

@@ -1,0 +1,84 @@
+"""`llmtrain operator` as it runs in its pod, against the real API server: liveness and metrics
+endpoints, JSON logs naming the object, the trainer image it is configured with, and a namespace
+scope that leaves other namespaces' jobs alone. The session's all-namespace operator is stopped
+meanwhile, so what happens to a job is this process's doing.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.conftest import (
+    OperatorProcess,
+    apply_doc,
+    cpu_job,
+    get,
+    start_operator,
+    wait_for,
+    wait_phase,
+)
+from tests.support.cluster.cluster import Cluster
+
+IMAGE = "registry.example/trainer:9"
+
+
+def _port(op: OperatorProcess, flag: str) -> int:
+    return int(next(a for a in op.argv if a.startswith(f"--{flag}=")).split("=", 1)[1])
+
+
+def _get(url: str) -> tuple[int, str]:
+    """(status, body); (0, '') while nothing listens yet."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return int(response.status), response.read().decode()
+    except OSError:
+        return 0, ""
+
+
+@pytest.mark.usefixtures("jobs_deleted_first")
+def test_scoped_operator_probes_metrics_json_logs_and_image(
+    cluster: Cluster, operator: OperatorProcess, namespace: str, other_namespace: str, tmp_path: Path
+) -> None:
+    operator.stop()
+    scoped = start_operator(
+        cluster,
+        tmp_path,
+        "scoped",
+        log_format="json",
+        args=("--namespace", namespace, "--trainer-image", IMAGE),
+    )
+    try:
+        liveness, metrics = _port(scoped, "liveness-port"), _port(scoped, "metrics-port")
+        wait_for(lambda: _get(f"http://127.0.0.1:{liveness}/healthz")[0] == 200, what="liveness")
+        apply_doc(cluster, cpu_job("proc", namespace, suspend=True))
+        apply_doc(cluster, cpu_job("ignored", other_namespace, suspend=True))
+        wait_phase(cluster, namespace, "proc", "Suspended")
+        rayjob = get(cluster, "rayjob", "proc", namespace)
+        assert rayjob is not None
+        head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+        assert head["containers"][0]["image"] == IMAGE
+        body = wait_for(
+            lambda: (
+                (text := _get(f"http://127.0.0.1:{metrics}/metrics")[1])
+                and 'llmtrain_jobs{phase="Suspended"} 1.0' in text
+                and text
+            ),
+            what="the jobs gauge",
+        )
+        assert "llmtrain_reconcile_duration_seconds_count 1.0" in body
+        assert "llmtrain_errors_total" in body
+        # Scoped: the other namespace's job is not even given a status.
+        assert get(cluster, "rayjob", "ignored", other_namespace) is None
+        assert not (get(cluster, "llmtj", "ignored", other_namespace) or {}).get("status")
+    finally:
+        scoped.stop()
+        operator.start()
+    records = [json.loads(line) for line in scoped.output().splitlines() if line.startswith("{")]
+    assert records, scoped.output()[-2000:]
+    assert any(r.get("object", {}).get("name") == "proc" for r in records)
+    # The all-namespace operator picks up what the scoped one left alone.
+    wait_phase(cluster, other_namespace, "ignored", "Suspended")

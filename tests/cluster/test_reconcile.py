@@ -1,0 +1,376 @@
+"""The operator's own decisions against the real API server: what it creates (content and owner
+references), what it refuses to create (specs only it can judge), what it will and will not take
+over under a child's name, which Events it posts, and which status fields it leaves to others
+(the trainer's progress, its root cause on failure).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from typing import Any
+
+import pytest
+from llmtrain.api.validation import parse_job
+from llmtrain.render import render
+
+from tests.cluster.conftest import (
+    OperatorProcess,
+    apply_doc,
+    clear_outcome,
+    cpu_job,
+    end_ray_job,
+    get,
+    items,
+    job_status,
+    wait_for,
+    wait_phase,
+)
+from tests.support.cluster.cluster import Cluster
+from tests.support.jobs import with_path
+from tests.unit.test_bad_specs import BAD
+
+pytestmark = pytest.mark.usefixtures("jobs_deleted_first")
+
+CHILD_KINDS = {
+    "ServiceAccount": "serviceaccount",
+    "Role": "role.rbac.authorization.k8s.io",
+    "RoleBinding": "rolebinding.rbac.authorization.k8s.io",
+    "PersistentVolumeClaim": "persistentvolumeclaim",
+    "ConfigMap": "configmap",
+    "RayJob": "rayjob.ray.io",
+}
+
+
+def _conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status.get("conditions") or []}
+
+
+def _events(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
+    return [
+        e
+        for e in items(cluster, "events", namespace)
+        if e["involvedObject"]["kind"] == "LLMTrainingJob" and e["involvedObject"]["name"] == name
+    ]
+
+
+def _children(cluster: Cluster, namespace: str, doc: dict[str, Any]) -> dict[str, dict[str, Any] | None]:
+    """Each rendered child of `doc` as stored now (None when absent), by kind."""
+    return {
+        obj["kind"]: get(cluster, CHILD_KINDS[obj["kind"]], obj["metadata"]["name"], namespace)
+        for obj in render(parse_job(doc))
+    }
+
+
+def _as_stored(want: object, got: object) -> object:
+    """The API server adds defaults (e.g. a PVC's volumeMode): compare what was rendered."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        return {k: _as_stored(v, got.get(k)) for k, v in want.items()} | {
+            k: v for k, v in got.items() if k not in want
+        }
+    if isinstance(want, list) and isinstance(got, list) and len(want) == len(got):
+        return [_as_stored(w, g) for w, g in zip(want, got, strict=True)]
+    return want
+
+
+def _patch_status(cluster: Cluster, namespace: str, name: str, status: dict[str, Any]) -> None:
+    cluster.kubectl(
+        "patch",
+        "llmtj",
+        name,
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": status}),
+    )
+
+
+# ---- what it creates ----------------------------------------------------------------------------
+def test_every_child_is_created_as_rendered_with_a_controller_reference(
+    cluster: Cluster, operator: OperatorProcess, namespace: str
+) -> None:
+    apply_doc(cluster, cpu_job("tiny", namespace, suspend=True))
+    status = wait_phase(cluster, namespace, "tiny", "Suspended", "Pending")
+    created = get(cluster, "llmtj", "tiny", namespace)
+    assert created is not None
+    uid = created["metadata"]["uid"]
+    children = _children(cluster, namespace, created)
+    for want in render(parse_job(created)):
+        got = children[want["kind"]]
+        assert got is not None, want["kind"]
+        (owner,) = got["metadata"]["ownerReferences"]
+        assert owner["uid"] == uid and owner["controller"] is True and owner["blockOwnerDeletion"] is True
+        assert owner["kind"] == "LLMTrainingJob"
+        for field in ("spec", "data", "rules", "subjects", "roleRef"):
+            if field in want:
+                assert got[field] == _as_stored(want[field], got[field]), (want["kind"], field)
+    created_condition = _conditions(status)["Created"]
+    assert created_condition["status"] == "True" and created_condition["observedGeneration"] == 1
+
+
+def test_only_transitions_and_errors_become_events(
+    cluster: Cluster, operator: OperatorProcess, namespace: str
+) -> None:
+    """Kopf posts its info log lines as Events ("Logging") unless told not to; only ours appear."""
+    apply_doc(cluster, cpu_job("quiet", namespace, suspend=True))
+    wait_phase(cluster, namespace, "quiet", "Suspended")
+    # The first phase is announced by whichever writes it first: the reconciler ("Created") or
+    # the mirror of the RayJob's events ("RayJobCreated", "Suspended"...).
+    wait_for(lambda: _events(cluster, namespace, "quiet"), what="the first transition's Event")
+    time.sleep(2)  # Kopf posts Events from a background queue
+    reasons = [e["reason"] for e in _events(cluster, namespace, "quiet")]
+    assert "Logging" not in reasons, reasons
+
+
+# ---- what it refuses to create ------------------------------------------------------------------
+OPERATOR_ONLY = [b for b in BAD if not b[3]]
+
+
+def test_specs_only_the_operator_can_judge_fail_the_job_and_create_nothing(
+    cluster: Cluster, operator: OperatorProcess, namespace: str
+) -> None:
+    """The API server stores these (the inline model config is opaque to the CRD); the operator
+    must refuse each before creating anything, naming the field on the job and in a Warning."""
+    assert OPERATOR_ONLY
+    names = []
+    for case, doc, _field, _ in OPERATOR_ONLY:
+        doc = copy.deepcopy(doc)
+        doc["metadata"].update(name=case, namespace=namespace)
+        apply_doc(cluster, doc)  # accepted: the real API server cannot see the problem
+        names.append(case)
+    for (case, _doc, field, _), name in zip(OPERATOR_ONLY, names, strict=True):
+        status = wait_phase(cluster, namespace, name, "Failed", "Pending", "Initializing", "Suspended")
+        assert status["phase"] == "Failed", (case, status)
+        invalid = _conditions(status)["InvalidSpec"]
+        assert invalid["status"] == "True" and field in invalid["message"], (case, invalid)
+        assert field in status["message"], (case, status["message"])
+        warnings = wait_for(
+            lambda n=name: [
+                e
+                for e in _events(cluster, namespace, n)
+                if e["type"] == "Warning" and e["reason"] == "InvalidSpec"
+            ],
+            what=f"the InvalidSpec Warning of {name}",
+        )
+        assert field in warnings[0]["message"], warnings
+        for resource in CHILD_KINDS.values():
+            assert not items(cluster, resource, namespace, f"llmtrain.dev/job={name}"), (case, resource)
+        assert get(cluster, "rayjob", name, namespace) is None, case
+
+
+# ---- what it takes over -------------------------------------------------------------------------
+def test_orphaned_children_with_our_marks_are_adopted_and_resynced(
+    cluster: Cluster, operator: OperatorProcess, namespace: str
+) -> None:
+    """`kubectl delete --cascade=orphan` leaves the children (our labels, no owner); the job applied
+    again under that name adopts them and brings their managed fields back to the rendered state."""
+    doc = cpu_job("adopt", namespace, suspend=True)
+    apply_doc(cluster, doc)
+    wait_phase(cluster, namespace, "adopt", "Suspended", "Pending")
+    first_uid = (get(cluster, "llmtj", "adopt", namespace) or {})["metadata"]["uid"]
+    cluster.kubectl("delete", "llmtj", "adopt", "-n", namespace, "--cascade=orphan", "--wait=true")
+    wait_for(
+        lambda: all(
+            c is not None and not c["metadata"].get("ownerReferences")
+            for c in _children(cluster, namespace, doc).values()
+        ),
+        what="the children orphaned by the garbage collector",
+    )
+    cluster.kubectl(
+        "patch", "configmap", "adopt-config", "-n", namespace, "--type=merge", "-p", '{"data":{"x":"y"}}'
+    )
+    cluster.kubectl(
+        "patch",
+        "role",
+        "adopt-trainer",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        '{"rules":[{"apiGroups":[""],"resources":["pods"],"verbs":["get"]}]}',
+    )
+    apply_doc(cluster, doc)
+    job = wait_for(lambda: get(cluster, "llmtj", "adopt", namespace), what="the job again")
+    uid = job["metadata"]["uid"]
+    assert uid != first_uid
+
+    def adopted() -> bool:
+        return all(
+            c is not None and [r["uid"] for r in c["metadata"].get("ownerReferences") or []] == [uid]
+            for c in _children(cluster, namespace, job).values()
+        )
+
+    wait_for(adopted, what="every child owned by the new job")
+    wanted = {o["kind"]: o for o in render(parse_job(job))}
+    children = _children(cluster, namespace, job)
+    assert children["ConfigMap"]["data"] == wanted["ConfigMap"]["data"]  # type: ignore[index]
+    assert children["Role"]["rules"] == wanted["Role"]["rules"]  # type: ignore[index]
+    for kind in CHILD_KINDS:
+        assert len(items(cluster, CHILD_KINDS[kind], namespace, "llmtrain.dev/job=adopt")) == 1, kind
+    assert _conditions(wait_phase(cluster, namespace, "adopt", "Suspended", "Pending"))["Created"]
+
+
+@pytest.mark.parametrize("holder", ["hand-made", "another-controller"])
+def test_an_object_we_did_not_create_is_never_taken_over(
+    cluster: Cluster, operator: OperatorProcess, namespace: str, holder: str
+) -> None:
+    """A user's own PVC under the child's name (no marks), or a ConfigMap another controller owns:
+    the job fails with the conflict named, the object gets no owner reference and outlives the job
+    (an owner reference would have let the garbage collector delete the user's data with it)."""
+    name = f"taken-{holder.split('-')[0]}"
+    doc = cpu_job(name, namespace, suspend=True)
+    if holder == "hand-made":
+        kind, resource, taken = "PersistentVolumeClaim", "pvc", f"{name}-storage"
+        cluster.apply(
+            [
+                {
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolumeClaim",
+                    "metadata": {"name": taken, "namespace": namespace},
+                    "spec": {
+                        "accessModes": ["ReadWriteMany"],
+                        "storageClassName": "shared-rwx",
+                        "resources": {"requests": {"storage": "1Gi"}},
+                    },
+                }
+            ]
+        )
+    else:
+        kind, resource, taken = "ConfigMap", "configmap", f"{name}-config"
+        cluster.apply(
+            [
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {"name": "someone", "namespace": namespace},
+                }
+            ]
+        )
+        other = get(cluster, "configmap", "someone", namespace) or {}
+        configmap = next(o for o in render(parse_job(doc)) if o["kind"] == "ConfigMap")
+        configmap["metadata"]["ownerReferences"] = [
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "name": "someone",
+                "uid": other["metadata"]["uid"],
+                "controller": True,
+            }
+        ]
+        cluster.apply([configmap])
+    before = get(cluster, resource, taken, namespace) or {}
+    apply_doc(cluster, doc)
+    status = wait_phase(cluster, namespace, name, "Failed", "Suspended", "Pending")
+    failed = _conditions(status).get("Failed") or {}
+    assert status["phase"] == "Failed" and failed.get("reason") == "ChildConflict", status
+    assert f"{kind}/{taken}" in failed["message"], failed
+    assert get(cluster, "rayjob", name, namespace) is None
+    after = get(cluster, resource, taken, namespace) or {}
+    assert after["metadata"].get("ownerReferences") == before["metadata"].get("ownerReferences")
+    assert after["metadata"].get("labels") == before["metadata"].get("labels")
+    assert after.get("data") == before.get("data")
+
+    cluster.kubectl("delete", "llmtj", name, "-n", namespace, "--wait=true")
+    wait_for(lambda: get(cluster, "serviceaccount", f"{name}-trainer", namespace) is None, what="GC done")
+    assert get(cluster, resource, taken, namespace) is not None
+
+
+# ---- what it leaves to others -------------------------------------------------------------------
+def test_the_trainers_progress_survives_the_operators_status_writes(
+    cluster: Cluster, operator: OperatorProcess, namespace: str
+) -> None:
+    apply_doc(cluster, cpu_job("progress", namespace))
+    wait_phase(cluster, namespace, "progress", "Initializing", "Running")
+    progress = {
+        "step": 40,
+        "totalSteps": 120,
+        "summary": "40/120",
+        "loss": 2.5,
+        "updatedAt": "2026-11-23T10:00:00Z",
+    }
+    _patch_status(cluster, namespace, "progress", {"progress": progress})
+    wait_phase(cluster, namespace, "progress", "Running")
+    cluster.kubectl(
+        "patch",
+        "llmtj",
+        "progress",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        '{"spec":{"runPolicy":{"ttlSecondsAfterFinished":5}}}',
+    )
+    wait_for(
+        lambda: (
+            (get(cluster, "rayjob", "progress", namespace) or {})["spec"].get("ttlSecondsAfterFinished") == 5
+        ),
+        what="the RayJob's TTL changed",
+    )
+    status = wait_for(
+        lambda: (s := job_status(cluster, namespace, "progress")).get("observedGeneration") == 2 and s,
+        what="the edit observed",
+    )
+    assert status["progress"] == progress
+
+
+def test_a_failure_message_carries_the_trainers_root_cause(
+    cluster: Cluster, operator: OperatorProcess, namespace: str
+) -> None:
+    apply_doc(cluster, with_path(cpu_job("oom", namespace), "spec.runPolicy.maxRetries", 0))
+    wait_phase(cluster, namespace, "oom", "Running")
+    error = "OutOfMemoryError on rank 3: CUDA out of memory. Tried to allocate 2.00 GiB"
+    _patch_status(cluster, namespace, "oom", {"progress": {"step": 7, "error": error}})
+    try:
+        end_ray_job(cluster, namespace, "oom", succeed=False, message="exit code 1")
+        status = wait_phase(cluster, namespace, "oom", "Failed", "Succeeded")
+    finally:
+        clear_outcome(cluster, namespace)
+    assert status["phase"] == "Failed", status
+    assert status["message"].startswith("the training application failed"), status["message"]
+    assert status["message"].endswith(f"; trainer reported: {error}"), status["message"]
+    assert _conditions(status)["Failed"]["message"] == status["message"]
+    assert status["progress"] == {"step": 7, "error": error}
+
+
+def test_a_create_refused_by_a_full_quota_is_retried_until_the_quota_allows_it(
+    cluster: Cluster, operator: OperatorProcess, namespace: str
+) -> None:
+    """A 403 from a ResourceQuota can pass without the spec changing: the job says why it waits
+    (message and one Warning), keeps retrying with backoff, and starts once the quota allows it."""
+
+    def quota(claims: int) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "ResourceQuota",
+            "metadata": {"name": "claims", "namespace": namespace},
+            "spec": {"hard": {"persistentvolumeclaims": str(claims)}},
+        }
+
+    cluster.apply([quota(0)])
+    wait_for(
+        lambda: (get(cluster, "resourcequota", "claims", namespace) or {}).get("status", {}).get("hard"),
+        what="the quota controller has counted the namespace",
+    )
+    apply_doc(cluster, cpu_job("quota", namespace, suspend=True))
+    waiting = wait_for(
+        lambda: (
+            (s := job_status(cluster, namespace, "quota")) and "exceeded quota" in s.get("message", "") and s
+        ),
+        what="the refusal on the job",
+    )
+    assert waiting["phase"] == "Pending", waiting
+    assert "persistentvolumeclaims" in waiting["message"]
+    assert get(cluster, "rayjob", "quota", namespace) is None
+    time.sleep(12)  # at least two retries
+    refused = [e for e in _events(cluster, namespace, "quota") if e["reason"] == "CreateRefused"]
+    assert len(refused) == 1 and refused[0]["type"] == "Warning", refused
+
+    cluster.apply([quota(1)])
+    status = wait_phase(cluster, namespace, "quota", "Suspended", "Failed", timeout=120)
+    assert status["phase"] == "Suspended", status
+    conditions = _conditions(status)
+    assert conditions["Created"]["status"] == "True" and conditions["Failed"]["status"] == "False"
+    assert get(cluster, "rayjob", "quota", namespace) is not None
