@@ -29,6 +29,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from llmtrain.operator.config import DEFAULT_RESYNC_SECONDS  # noqa: E402
+
 from tests.support.cluster import audit, processes  # noqa: E402
 from tests.support.cluster.cluster import Cluster  # noqa: E402
 from tests.support.jobs import minimal_job  # noqa: E402
@@ -226,7 +228,8 @@ async def run(args: argparse.Namespace) -> str:
             tmp,
             log_format="json",
             log_level=args.log_level,
-            env={"LLMTRAIN_OPERATOR_WORKERS": str(args.workers)},
+            args=("--workers", str(args.workers)),
+            resync_seconds=DEFAULT_RESYNC_SECONDS,  # as deployed
         )
         proc = operator.proc
         # Warm-up: one job elsewhere until its RayJob exists, so the operator is watching and authorized.

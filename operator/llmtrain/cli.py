@@ -17,6 +17,7 @@ import yaml
 
 from llmtrain.api.crd import crd_yaml
 from llmtrain.api.validation import InvalidJob, Problem, parse_job
+from llmtrain.operator.config import DEFAULT_RESYNC_SECONDS, DEFAULT_WORKERS
 
 
 def _documents(path: Path) -> Iterator[Any]:
@@ -149,6 +150,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", choices=["debug", "info", "warning"], default="info")
     p.add_argument("--log-format", choices=["json", "plain"], default="json")
     p.add_argument("--trainer-image", help="default trainer image for jobs that set none")
+    p.add_argument(
+        "--workers", type=int, default=DEFAULT_WORKERS, help="handler threads (and API connections)"
+    )
+    p.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=DEFAULT_RESYNC_SECONDS,
+        help="re-derive every job's status from its RayJob this often (missed events, failed writes)",
+    )
     p.set_defaults(func=cmd_operator)
     return parser
 

@@ -33,6 +33,8 @@ from tests.support.jobs import minimal_job
 PLATFORM_NAMESPACE = cluster_module.PLATFORM_NAMESPACE
 RELEASE = "llmtrain"
 OPERATOR_SA = "llmtrain-operator"
+# Short, so that tests of the level-triggered resync need not wait the default 120 s.
+RESYNC_SECONDS = 10
 CHART = REPO_ROOT / "charts" / "llmtrain"
 
 
@@ -133,6 +135,7 @@ def start_operator(
     log_level: str = "info",
     env: dict[str, str] | None = None,
     args: tuple[str, ...] = (),
+    resync_seconds: float = RESYNC_SECONDS,
 ) -> OperatorProcess:
     """`llmtrain operator` for all namespaces as the chart's ServiceAccount (a TokenRequest token, no
     admin rights), so the real RBAC authorizer and API priority and fairness treat it as in a pod."""
@@ -149,6 +152,7 @@ def start_operator(
         f"--metrics-port={processes.free_port()}",
         f"--log-format={log_format}",
         f"--log-level={log_level}",
+        f"--resync-seconds={resync_seconds}",
         *args,
     ]
     return OperatorProcess(argv, full_env, directory / f"{name}.log", kubeconfig)

@@ -192,9 +192,9 @@ def assert_queued(cluster: Cluster, namespace: str, name: str) -> bool:
     assert not items(cluster, "pods", namespace, f"llmtrain.dev/job={name}")
     assert condition(workload(cluster, namespace, name), "Admitted").get("status") != "True"
     status = job_status(cluster, namespace, name)
-    # The product shows a job Kueue holds as Suspended (issue 12 wants "queued"). The message is not
-    # checked: it tells the user to set runPolicy.suspend to false, which does not apply here.
-    assert status.get("phase") == "Suspended", status
+    # Queued, not "Suspended": nothing the user did suspended it, and the message names the queue.
+    assert status.get("phase") == "Pending", status
+    assert f"queued in Kueue LocalQueue {LOCAL_QUEUE!r}" in status.get("message", ""), status
     assert condition({"status": status}, "Running").get("status") == "False", status
     return True
 

@@ -16,6 +16,7 @@ from llmtrain.api.validation import parse_job
 from llmtrain.render import render
 
 from tests.cluster.conftest import (
+    RESYNC_SECONDS,
     OperatorProcess,
     apply_doc,
     clear_outcome,
@@ -374,3 +375,67 @@ def test_a_create_refused_by_a_full_quota_is_retried_until_the_quota_allows_it(
     conditions = _conditions(status)
     assert conditions["Created"]["status"] == "True" and conditions["Failed"]["status"] == "False"
     assert get(cluster, "rayjob", "quota", namespace) is not None
+
+
+# ---- level-triggered: what it does when a RayJob goes -------------------------------------------
+def test_a_rayjob_deleted_under_a_running_job_is_created_again(
+    cluster: Cluster, operator: OperatorProcess, namespace: str
+) -> None:
+    apply_doc(cluster, cpu_job("gone", namespace))
+    wait_phase(cluster, namespace, "gone", "Running")
+    first = (get(cluster, "rayjob", "gone", namespace) or {})["metadata"]["uid"]
+    job_uid = (get(cluster, "llmtj", "gone", namespace) or {})["metadata"]["uid"]
+    cluster.kubectl("delete", "rayjob", "gone", "-n", namespace, "--wait=true")
+    again = wait_for(
+        lambda: (r := get(cluster, "rayjob", "gone", namespace)) and r["metadata"]["uid"] != first and r,
+        what="a new RayJob",
+    )
+    assert [ref["uid"] for ref in again["metadata"]["ownerReferences"]] == [job_uid]
+    recreated = wait_for(
+        lambda: [e for e in _events(cluster, namespace, "gone") if e["reason"] == "RayJobRecreated"],
+        what="the RayJobRecreated Warning",
+    )
+    assert (
+        recreated[0]["type"] == "Warning" and "resumes from the latest checkpoint" in recreated[0]["message"]
+    )
+    status = wait_phase(cluster, namespace, "gone", "Running")
+    now_running = get(cluster, "rayjob", "gone", namespace) or {}
+    assert now_running["metadata"]["uid"] == again["metadata"]["uid"]
+    assert status["rayClusterName"] == now_running["status"]["rayClusterName"]
+    assert len(items(cluster, "rayjobs", namespace)) == 1
+
+
+def test_a_finished_job_stays_finished_when_its_rayjob_goes(
+    cluster: Cluster, operator: OperatorProcess, namespace: str
+) -> None:
+    """KubeRay may delete a finished RayJob (DELETE_RAYJOB_CR_AFTER_JOB_FINISHES), and so may a
+    person: neither a resync, nor an operator restart, nor an edit starts the job again."""
+    apply_doc(cluster, cpu_job("done", namespace))
+    wait_phase(cluster, namespace, "done", "Running")
+    try:
+        end_ray_job(cluster, namespace, "done", succeed=True)
+        wait_phase(cluster, namespace, "done", "Succeeded")
+    finally:
+        clear_outcome(cluster, namespace)
+    cluster.kubectl("delete", "rayjob", "done", "-n", namespace, "--wait=true")
+    time.sleep(2 * RESYNC_SECONDS)  # two resyncs
+    assert get(cluster, "rayjob", "done", namespace) is None
+    operator.restart()  # resume handlers run for every job
+    cluster.kubectl(
+        "patch",
+        "llmtj",
+        "done",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        '{"spec":{"runPolicy":{"ttlSecondsAfterFinished":60}}}',
+    )
+    status = wait_for(
+        lambda: (s := job_status(cluster, namespace, "done")).get("observedGeneration") == 2 and s,
+        what="the edit observed",
+    )
+    time.sleep(RESYNC_SECONDS)
+    assert get(cluster, "rayjob", "done", namespace) is None
+    assert status["phase"] == "Succeeded" and job_status(cluster, namespace, "done")["phase"] == "Succeeded"
+    assert not [e for e in _events(cluster, namespace, "done") if e["reason"] == "RayJobRecreated"]

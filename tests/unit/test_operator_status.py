@@ -233,3 +233,70 @@ def test_a_child_of_an_earlier_namesake_is_waited_for_and_a_foreign_one_is_a_con
     dying["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     with pytest.raises(ChildBeingReplaced):
         ensure(Kube(dying), desired, EnsureResult())  # type: ignore[arg-type]
+
+
+def test_a_suspended_queued_rayjob_is_queued_not_suspended() -> None:
+    """Kueue owns a queued RayJob's suspend: it waits for admission, the user did nothing."""
+    queued = observe({"jobDeploymentStatus": "Suspended"}, queue="gpu-team")
+    assert (queued.phase, queued.reason) == ("Pending", "Queued")
+    assert "'gpu-team'" in queued.message and "runPolicy.suspend" not in queued.message
+    running = observe({"jobDeploymentStatus": "Running"}, queue="gpu-team")
+    assert running.phase == "Running"
+
+
+def test_a_retry_keeps_the_cause_kuberay_reported() -> None:
+    retry = observe({"jobDeploymentStatus": "Retrying", "message": "submitter exited with code 1"})
+    assert retry.phase == "Initializing"
+    assert retry.message.endswith("(after: submitter exited with code 1)")
+
+
+def test_derive_reads_the_queue_from_the_rayjob_and_the_root_cause_from_progress() -> None:
+    from llmtrain.operator.status import derive
+
+    rayjob = {
+        "metadata": {"name": "j", "labels": {"kueue.x-k8s.io/queue-name": "q"}},
+        "status": {"jobDeploymentStatus": "Suspended"},
+    }
+    update, observed = derive(rayjob, {}, 3, "t")
+    assert update["phase"] == "Pending" and observed.reason == "Queued" and update["observedGeneration"] == 3
+    failed = {"metadata": {"name": "j"}, "status": {"jobDeploymentStatus": "Failed", "reason": "AppFailed"}}
+    update, _ = derive(failed, {"progress": {"error": "OOM on rank 1"}}, 1, "t")
+    assert update["message"].endswith("trainer reported: OOM on rank 1")
+
+
+def test_drift_patch_removes_keys_only_the_stored_map_has() -> None:
+    """A merge patch merges maps: a ConfigMap key the rendered one lacks must be nulled."""
+    owner = [{"uid": "u1", "controller": True, "kind": "LLMTrainingJob", "name": "j"}]
+    patch = drift_patch(_cm({"k": "new"}, owners=owner), _cm({"k": "old", "stray": "x"}, owners=owner))
+    assert patch == {"data": {"k": "new", "stray": None}}
+
+
+def test_an_unmarked_object_without_a_controller_is_never_adopted() -> None:
+    from llmtrain.operator.children import EnsureResult, OwnershipConflict, ensure
+    from llmtrain.operator.kube import ApiError
+
+    class Kube:
+        def __init__(self, existing: dict) -> None:
+            self.existing, self.patched = existing, False
+
+        def create(self, obj: dict) -> dict:
+            raise ApiError(409, "AlreadyExists", "exists")
+
+        def get(self, resource: object, namespace: str, name: str) -> dict:
+            return self.existing
+
+        def merge_patch(self, *args: object) -> dict:
+            self.patched = True
+            return self.existing
+
+    owner = [{"uid": "u1", "controller": True, "kind": "LLMTrainingJob", "name": "j"}]
+    marks = {"app.kubernetes.io/managed-by": "llmtrain-operator", "llmtrain.dev/job": "j"}
+    desired = _cm({"k": "v"}, labels=marks, owners=owner)
+    users = Kube(_cm({"k": "mine"}, labels={"team": "a"}, owners=[]))
+    with pytest.raises(OwnershipConflict, match="was not created by llmtrain"):
+        ensure(users, desired, EnsureResult())  # type: ignore[arg-type]
+    assert not users.patched
+    ours = Kube(_cm({"k": "old"}, labels=marks, owners=[]))
+    result = EnsureResult()
+    ensure(ours, desired, result)  # type: ignore[arg-type]
+    assert ours.patched and result.adopted == ["ConfigMap/c"]

@@ -174,6 +174,24 @@ def ensure(kube: Kube, desired: dict[str, Any], result: EnsureResult) -> dict[st
     return kube.merge_patch(resource_of(desired), meta["namespace"], meta["name"], patch)
 
 
+def sync_if_present(kube: Kube, desired: dict[str, Any]) -> dict[str, Any] | None:
+    """Re-sync the managed fields of a child that exists and is ours; never create one."""
+    meta = desired["metadata"]
+    try:
+        existing = kube.get(resource_of(desired), meta["namespace"], meta["name"])
+    except ApiError as err:
+        if err.status == 404:
+            return None
+        raise
+    owner = (meta.get("ownerReferences") or [{}])[0].get("uid")
+    if _controller_uid(existing) != owner:
+        return None
+    patch = drift_patch(desired, existing)
+    if not patch:
+        return existing
+    return kube.merge_patch(resource_of(desired), meta["namespace"], meta["name"], patch)
+
+
 def ensure_all(kube: Kube, objects: list[dict[str, Any]]) -> EnsureResult:
     result = EnsureResult()
     for obj in objects:

@@ -1,57 +1,93 @@
-"""Kopf handlers: thin edges that read, call the pure core (parse, render, status mapping), write.
+"""Kopf handlers: thin edges that read, call the pure core (parse, render, status derivation), write.
 
-- create / resume / update of an LLMTrainingJob → render and create-or-adopt its children;
-- any event of a RayJob labelled with `llmtrain.dev/job` → mirror its status into the owner.
+- create / resume / update of an LLMTrainingJob → render and create (or re-sync) its children;
+- any event of a RayJob labelled with `llmtrain.dev/job` → re-derive the owner's status from it;
+- a resync loop (every `resync_seconds`) → the same from each RayJob as it is now, so missed
+  events and failed writes converge; a RayJob deleted under a running job is created again (the
+  run resumes from its checkpoint), one deleted under a finished job is not: a finished job stays
+  finished.
 Deletion relies on ownerReference garbage collection: no finalizer, nothing to block.
+
+Handlers are registered explicitly (`register`) on the registry `main` builds; configuration
+arrives as one `OperatorConfig` in Kopf's memo. Every status write goes through
+`reporting.write_status`.
 """
 
 from __future__ import annotations
 
-import datetime
-import os
+import contextvars
+import logging
+import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
 from llmtrain.api.spec import API_GROUP, API_VERSION, PLURAL
 from llmtrain.api.validation import InvalidJob, parse_job
-from llmtrain.operator import settings as operator_settings
 from llmtrain.operator import status as status_map
-from llmtrain.operator.children import ChildBeingReplaced, OwnershipConflict, ensure_all
+from llmtrain.operator.children import (
+    ChildBeingReplaced,
+    OwnershipConflict,
+    ensure_all,
+    sync_if_present,
+)
+from llmtrain.operator.config import OperatorConfig
 from llmtrain.operator.kube import RESOURCES, ApiError, Kube
 from llmtrain.operator.metrics import ERRORS, PHASE_BOOK, RECONCILE_SECONDS
-from llmtrain.render import ImageSettings, render
+from llmtrain.operator.reporting import (
+    JOB_RESOURCE,
+    Announcement,
+    announce,
+    job_key,
+    now,
+    write_status,
+)
+from llmtrain.render import render
 from llmtrain.render.labels import JOB_LABEL
 
-JOB_RESOURCE = RESOURCES[(f"{API_GROUP}/{API_VERSION}", "LLMTrainingJob")]
-TRAINER_IMAGE_ENV = "LLMTRAIN_TRAINER_IMAGE"
-_STATUS_ATTEMPTS = 4
+RAYJOB_RESOURCE = RESOURCES[("ray.io/v1", "RayJob")]
+# Quick retries of a failed mirror write inside the event handler; the resync timer does the rest.
+_MIRROR_ATTEMPTS = 3
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
+    # Kopf adds its login to its default registry only: credentials as the kubernetes client finds
+    # them (in a pod its ServiceAccount, elsewhere $KUBECONFIG).
+    kopf.on.login(registry=registry)(kopf.login_via_client)
+    kopf.on.startup(registry=registry)(startup)
+    for on in (kopf.on.resume, kopf.on.create, kopf.on.update):
+        on(API_GROUP, API_VERSION, PLURAL, registry=registry)(reconcile)
+    kopf.on.delete(API_GROUP, API_VERSION, PLURAL, optional=True, registry=registry)(forget)
+    kopf.on.event("ray.io", "v1", "rayjobs", labels={JOB_LABEL: kopf.PRESENT}, registry=registry)(
+        mirror_rayjob
+    )
+    kopf.on.cleanup(registry=registry)(cleanup)
 
 
-def _key(namespace: str, name: str) -> str:
-    return f"{namespace}/{name}"
+def startup(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    """The API client, and the resync loop in its own thread. Not a Kopf timer: those put a
+    finalizer on every object, and one LIST of jobs and of RayJobs per period costs less than a
+    GET per job. The thread runs in this handler's context, where Kopf's Event queue is known."""
+    config: OperatorConfig = memo.config
+    memo.kube = Kube.from_environment(connections=config.workers)
+    memo.resync_stop = threading.Event()
+    context = contextvars.copy_context()
+    thread = threading.Thread(
+        target=context.run,
+        args=(_resync_forever, memo.kube, config, memo.resync_stop),
+        name="llmtrain-resync",
+        daemon=True,
+    )
+    thread.start()
 
 
-def _event(body: Any, kind: str, reason: str, message: str) -> None:
-    """A Kubernetes Event on the job; posting failures are Kopf's to retry, never ours to raise."""
-    kopf.event(body, type=kind, reason=reason, message=message[:1024])
+def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    memo.resync_stop.set()
 
 
-@kopf.on.startup()
-def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    workers = int(os.environ.get("LLMTRAIN_OPERATOR_WORKERS", "16"))
-    operator_settings.configure(settings, workers=workers)
-    memo.kube = Kube.from_environment(connections=workers)
-    image = os.environ.get(TRAINER_IMAGE_ENV)
-    memo.images = ImageSettings(trainer_image=image) if image else ImageSettings()
-
-
-def _document(body: kopf.Body) -> dict[str, Any]:
+def _document(body: Mapping[str, Any]) -> dict[str, Any]:
     """The job as a plain dict, without status (parse only what the user wrote)."""
     meta = body.get("metadata", {})
     return {
@@ -69,65 +105,91 @@ def _document(body: kopf.Body) -> dict[str, Any]:
     }
 
 
-def _patch_status(kube: Kube, namespace: str, name: str, status: dict[str, Any]) -> None:
-    kube.merge_patch(JOB_RESOURCE, namespace, name, {"status": status}, subresource="status")
+def _was_invalid(conditions: list[dict[str, Any]]) -> bool:
+    return any(c.get("type") == "InvalidSpec" and c.get("status") == "True" for c in conditions)
 
 
-def _fail_permanently(
-    body: kopf.Body,
-    patch: kopf.Patch,
-    reason: str,
-    message: str,
-    generation: int | None,
-    existing: list[dict[str, Any]],
-) -> None:
-    meta = body["metadata"]
-    conditions = status_map.invalid_spec_conditions(message, generation, existing, _now())
+def _finished(status: Mapping[str, Any]) -> bool:
+    """Succeeded or Failed for good. A Failed for an invalid spec is re-judged on every edit."""
+    return status.get("phase") in status_map.TERMINAL and not _was_invalid(
+        list(status.get("conditions") or [])
+    )
+
+
+def _fail(kube: Kube, job: Mapping[str, Any], reason: str, message: str) -> None:
+    """A permanent failure: phase Failed, a condition and a Warning naming the cause."""
+    meta = job["metadata"]
+    generation = meta.get("generation")
+    existing = list((job.get("status") or {}).get("conditions") or [])
+    conditions = status_map.invalid_spec_conditions(message, generation, existing, now())
     if reason != "InvalidSpec":
         conditions = [
             {**c, "reason": reason} if c["type"] == "Failed" else c
             for c in conditions
             if c["type"] != "InvalidSpec"
         ]
-    patch.status.update(
-        {"phase": "Failed", "message": message, "observedGeneration": generation, "conditions": conditions}
-    )
-    PHASE_BOOK.set(_key(meta["namespace"], meta["name"]), "Failed")
+    update = {
+        "phase": "Failed",
+        "message": message,
+        "observedGeneration": generation,
+        "conditions": conditions,
+    }
     ERRORS.labels(reason=reason).inc()
-    _event(body, "Warning", reason, message)
+    write_status(kube, job, update, event=Announcement("Warning", reason, message), always_announce=True)
 
 
-@kopf.on.resume(API_GROUP, API_VERSION, PLURAL)
-@kopf.on.create(API_GROUP, API_VERSION, PLURAL)
-@kopf.on.update(API_GROUP, API_VERSION, PLURAL)
 def reconcile(
     body: kopf.Body,
     status: kopf.Status,
-    patch: kopf.Patch,
     memo: kopf.Memo,
     logger: kopf.Logger,
     retry: int,
     **_: Any,
 ) -> None:
     started = time.perf_counter()
-    kube: Kube = memo.kube
+    try:
+        _reconcile(memo.kube, memo.config, body, dict(status), logger, retry)
+    except ApiError as err:  # a status write; the children's errors are handled inside
+        ERRORS.labels(reason=f"StatusHttp{err.status}").inc()
+        delay = 0.2 if err.status == 409 else err.retry_after or 2
+        raise kopf.TemporaryError(f"status write: {err}", delay=delay) from err
+    finally:
+        RECONCILE_SECONDS.observe(time.perf_counter() - started)
+
+
+def _reconcile(
+    kube: Kube,
+    config: OperatorConfig,
+    body: kopf.Body,
+    status: dict[str, Any],
+    logger: kopf.Logger,
+    retry: int,
+) -> None:
     meta = body["metadata"]
     generation = meta.get("generation")
-    existing = list(status.get("conditions") or [])
+    if status.get("phase"):
+        PHASE_BOOK.set(job_key(meta), status["phase"])  # the gauge again after a restart
     try:
         job = parse_job(_document(body))
     except InvalidJob as exc:
         message = "invalid spec: " + "; ".join(str(p) for p in exc.problems)
         logger.warning(message)
-        _fail_permanently(body, patch, "InvalidSpec", message, generation, existing)
+        _fail(kube, body, "InvalidSpec", message)
+        return
+    objects = render(job, config.images)
+    if _finished(status):
+        # Never started again, whatever became of its RayJob; an edit (e.g. its TTL) still reaches
+        # the RayJob if it is there.
+        sync_if_present(kube, objects[-1])
+        write_status(kube, body, {"observedGeneration": generation})
         return
     try:
-        result = ensure_all(kube, render(job, memo.images))
+        result = ensure_all(kube, objects)
     except ChildBeingReplaced as exc:
         logger.info(str(exc))
         raise kopf.TemporaryError(str(exc), delay=3) from exc
     except OwnershipConflict as exc:
-        _fail_permanently(body, patch, "ChildConflict", str(exc), generation, existing)
+        _fail(kube, body, "ChildConflict", str(exc))
         return
     except ApiError as err:
         ERRORS.labels(reason=f"Http{err.status}").inc()
@@ -135,30 +197,34 @@ def reconcile(
             logger.info(f"transient API error, retrying: {err}")
             raise kopf.TemporaryError(str(err), delay=err.retry_after or 2) from err
         if err.refused_for_now:
-            _report_refusal(body, status, patch, err, retry, generation)
             logger.warning(str(err))
+            _report_refusal(kube, body, err, retry)
             raise kopf.TemporaryError(str(err), delay=_refusal_backoff(retry)) from err
-        message = f"cannot create the job's objects: {err}"
-        _fail_permanently(body, patch, "CreateFailed", message, generation, existing)
+        _fail(kube, body, "CreateFailed", f"cannot create the job's objects: {err}")
         return
-    finally:
-        RECONCILE_SECONDS.observe(time.perf_counter() - started)
     if result.created:
         logger.info(f"created {', '.join(result.created)}")
     if result.adopted:
         logger.info(f"adopted {', '.join(result.adopted)}")
-    conditions = status_map.clear_invalid_spec(existing, generation, _now())
-    # Nothing mirrored yet (a refused create may have set a Pending phase and its message).
-    if not status.get("rayJobName") or (status.get("phase") == "Failed" and _was_invalid(existing)):
-        _write_first_status(kube, body, result.rayjob, conditions)
+    conditions = status_map.clear_invalid_spec(list(status.get("conditions") or []), generation, now())
+    rayjob_name = result.rayjob["metadata"]["name"]
+    if not status.get("rayJobName") or _was_invalid(list(status.get("conditions") or [])):
+        # Nothing mirrored yet (a refused create may have set a Pending phase and its message).
+        # Written only if the job is unchanged since this handler read it: the RayJob's events may
+        # already have had a newer state mirrored, which then wins (409, and the retry lands here
+        # no more).
+        update, _ = status_map.derive(result.rayjob, {**status, "conditions": conditions}, generation, now())
+        created = Announcement("Normal", "Created", f"created RayJob {rayjob_name} and its objects")
+        try:
+            write_status(kube, body, update, event=created, always_announce=True, precondition=True)
+        except ApiError as err:
+            ERRORS.labels(reason=f"StatusHttp{err.status}").inc()
+            delay = 0.2 if err.status == 409 else err.retry_after or 2
+            raise kopf.TemporaryError(f"first status write: {err}", delay=delay) from err
         return
-    update: dict[str, Any] = {
-        "observedGeneration": generation,
-        "rayJobName": result.rayjob["metadata"]["name"],
-    }
-    if conditions != existing:
-        update["conditions"] = conditions
-    patch.status.update(update)  # written with Kopf's own bookkeeping, in one request
+    write_status(
+        kube, body, {"observedGeneration": generation, "rayJobName": rayjob_name, "conditions": conditions}
+    )
 
 
 def _refusal_backoff(retry: int) -> float:
@@ -166,72 +232,28 @@ def _refusal_backoff(retry: int) -> float:
     return float(min(300, 5 * 2 ** min(retry, 6)))
 
 
-def _report_refusal(
-    body: kopf.Body, status: kopf.Status, patch: kopf.Patch, err: ApiError, retry: int, generation: Any
-) -> None:
-    """Say on the job why nothing runs yet, once per distinct refusal (not on every retry)."""
+def _report_refusal(kube: Kube, body: kopf.Body, err: ApiError, retry: int) -> None:
+    """Say on the job why nothing runs yet; one Warning per distinct refusal, not per retry."""
+    status = body.get("status") or {}
     delay = _refusal_backoff(retry)
     message = f"cannot create the job's objects yet (retrying every {delay:.0f} s or sooner): {err}"
-    phase = status.get("phase") or "Pending"
-    patch.status.update({"phase": phase, "message": message, "observedGeneration": generation})
-    if str(err) not in str(status.get("message") or ""):
-        _event(body, "Warning", "CreateRefused", message)
-
-
-def _write_first_status(
-    kube: Kube,
-    body: kopf.Body,
-    rayjob: dict[str, Any],
-    conditions: list[dict[str, Any]],
-) -> None:
-    """The full mirrored status, written now and only if the job is unchanged since this handler read it.
-
-    The RayJob's events may already have had its status mirrored (a newer state than the RayJob this
-    handler created): the resourceVersion precondition then fails with 409, and the retry finds the
-    phase set and writes only the reconciler's own fields.
-    """
-    meta = body["metadata"]
-    generation = meta.get("generation")
-    observed = status_map.observe(rayjob.get("status"))
     update = {
-        "observedGeneration": generation,
-        **status_map.mirrored_fields(rayjob),
-        "phase": observed.phase,
-        "message": observed.message,
-        "conditions": status_map.conditions_for(
-            observed.phase, observed.reason, observed.message, generation, conditions, _now()
-        ),
+        "phase": status.get("phase") or "Pending",
+        "message": message,
+        "observedGeneration": body["metadata"].get("generation"),
     }
-    precondition = {"resourceVersion": meta["resourceVersion"]}
-    try:
-        kube.merge_patch(
-            JOB_RESOURCE,
-            meta["namespace"],
-            meta["name"],
-            {"metadata": precondition, "status": update},
-            subresource="status",
-        )
-    except ApiError as err:
-        if err.status == 404:
-            return  # deleted meanwhile: nothing to report on
-        ERRORS.labels(reason=f"StatusHttp{err.status}").inc()
-        delay = 0.2 if err.status == 409 else err.retry_after or 2
-        raise kopf.TemporaryError(f"first status write: {err}", delay=delay) from err
-    PHASE_BOOK.set(_key(meta["namespace"], meta["name"]), observed.phase)
-    _event(body, "Normal", "Created", f"created RayJob {update['rayJobName']} and its objects")
+    first = str(err) not in str(status.get("message") or "")
+    write_status(
+        kube, body, update, event=Announcement("Warning", "CreateRefused", message), always_announce=first
+    )
 
 
-def _was_invalid(conditions: list[dict[str, Any]]) -> bool:
-    return any(c.get("type") == "InvalidSpec" and c.get("status") == "True" for c in conditions)
-
-
-@kopf.on.delete(API_GROUP, API_VERSION, PLURAL, optional=True)
 def forget(meta: kopf.Meta, **_: Any) -> None:
     """Only bookkeeping; optional=True adds no finalizer, children go by garbage collection."""
-    PHASE_BOOK.forget(_key(str(meta["namespace"]), str(meta["name"])))
+    PHASE_BOOK.forget(job_key(meta))
 
 
-def _owner_ref(rayjob: kopf.Body) -> dict[str, Any] | None:
+def _owner_ref(rayjob: Mapping[str, Any]) -> dict[str, Any] | None:
     for ref in rayjob.get("metadata", {}).get("ownerReferences") or []:
         if (
             ref.get("controller")
@@ -242,65 +264,122 @@ def _owner_ref(rayjob: kopf.Body) -> dict[str, Any] | None:
     return None
 
 
-@kopf.on.event("ray.io", "v1", "rayjobs", labels={JOB_LABEL: kopf.PRESENT})
-def mirror_rayjob_status(
+def _owner(kube: Kube, rayjob: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The live job that controls this RayJob; None if gone, being deleted, or a namesake."""
+    ref = _owner_ref(rayjob)
+    if ref is None:
+        return None
+    try:
+        job = kube.get(JOB_RESOURCE, rayjob["metadata"]["namespace"], ref["name"])
+    except ApiError as err:
+        if err.status == 404:
+            return None
+        raise
+    if job["metadata"].get("uid") != ref.get("uid") or job["metadata"].get("deletionTimestamp"):
+        return None
+    return job
+
+
+def _mirror(kube: Kube, job: dict[str, Any], rayjob: Mapping[str, Any]) -> None:
+    status = job.get("status") or {}
+    if _was_invalid(list(status.get("conditions") or [])):
+        return  # nothing runs; the reconciler reports the spec
+    update, observed = status_map.derive(dict(rayjob), status, job["metadata"].get("generation"), now())
+    kind = "Warning" if observed.phase == "Failed" else "Normal"
+    transition = f"phase {status.get('phase') or 'None'} → {observed.phase}: {observed.message}"
+    write_status(kube, job, update, event=Announcement(kind, observed.reason, transition))
+
+
+def _rayjob_gone(
+    kube: Kube, config: OperatorConfig, job: dict[str, Any], last: Mapping[str, Any] | None, logger: Any
+) -> None:
+    """The job's RayJob was deleted (by a person, a script, or KubeRay after it finished)."""
+    status = job.get("status") or {}
+    if _finished(status) or not status.get("rayJobName"):
+        return
+    if last is not None:
+        update, observed = status_map.derive(dict(last), status, job["metadata"].get("generation"), now())
+        if observed.phase in status_map.TERMINAL:  # it finished, then went: report the end
+            kind = "Warning" if observed.phase == "Failed" else "Normal"
+            message = f"phase {status.get('phase')} → {observed.phase}: {observed.message}"
+            write_status(kube, job, update, event=Announcement(kind, observed.reason, message))
+            return
+    else:
+        try:  # seen missing in a list: make sure before creating it again
+            kube.get(RAYJOB_RESOURCE, job["metadata"]["namespace"], str(status["rayJobName"]))
+            return
+        except ApiError as err:
+            if err.status != 404:
+                raise
+    try:
+        parsed = parse_job(_document(job))
+    except InvalidJob:
+        return
+    result = ensure_all(kube, render(parsed, config.images))
+    name = result.rayjob["metadata"]["name"]
+    message = (
+        f"RayJob {name} was deleted while the job was {status.get('phase')}; created it again: "
+        "training resumes from the latest checkpoint"
+    )
+    logger.warning(message)
+    announce(kube, job, Announcement("Warning", "RayJobRecreated", message))
+    update, _ = status_map.derive(result.rayjob, status, job["metadata"].get("generation"), now())
+    write_status(kube, job, update)
+
+
+def mirror_rayjob(
     event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any
 ) -> None:
-    """Event handlers are not retried by Kopf, so transient errors are retried here."""
-    if event.get("type") == "DELETED":
-        return
-    owner = _owner_ref(body)
-    if owner is None:
-        return
-    namespace = body["metadata"]["namespace"]
-    for attempt in range(_STATUS_ATTEMPTS):
+    """Event handlers are not retried by Kopf: a few quick retries here, then the resync timer."""
+    for attempt in range(_MIRROR_ATTEMPTS):
         try:
-            _mirror_once(memo.kube, body, owner, namespace)
+            job = _owner(memo.kube, body)
+            if job is None:
+                return
+            if event.get("type") == "DELETED":
+                _rayjob_gone(memo.kube, memo.config, job, body, logger)
+            else:
+                _mirror(memo.kube, job, body)
             return
         except ApiError as err:
             ERRORS.labels(reason=f"StatusHttp{err.status}").inc()
-            if not err.transient or attempt == _STATUS_ATTEMPTS - 1:
-                logger.error(f"cannot mirror RayJob status to {owner['name']}: {err}")
+            if not err.transient or attempt == _MIRROR_ATTEMPTS - 1:
+                logger.warning(f"cannot mirror RayJob {body['metadata']['name']} yet ({err}); resync will")
                 return
             time.sleep(err.retry_after or 0.5 * 2**attempt)
 
 
-def _mirror_once(kube: Kube, rayjob: kopf.Body, owner: dict[str, Any], namespace: str) -> None:
-    try:
-        job = kube.get(JOB_RESOURCE, namespace, owner["name"])
-    except ApiError as err:
-        if err.status == 404:
-            return  # the owner is gone; garbage collection takes the RayJob too
-        raise
-    if job["metadata"].get("uid") != owner.get("uid"):
-        return
-    current = job.get("status") or {}
-    if _was_invalid(current.get("conditions") or []):
-        return
-    observed = status_map.with_root_cause(
-        status_map.observe(dict(rayjob.get("status") or {})), current.get("progress")
-    )
-    generation = job["metadata"].get("generation")
-    message = observed.message
-    update: dict[str, Any] = {
-        **status_map.mirrored_fields(dict(rayjob)),
-        "phase": observed.phase,
-        "observedGeneration": generation,
-    }
-    conditions = status_map.conditions_for(
-        observed.phase, observed.reason, message, generation, list(current.get("conditions") or []), _now()
-    )
-    update["message"] = message
-    update["conditions"] = conditions
-    if all(current.get(k) == v for k, v in update.items()):
-        return
-    _patch_status(kube, namespace, owner["name"], update)
-    PHASE_BOOK.set(_key(namespace, owner["name"]), observed.phase)
-    if current.get("phase") != observed.phase:
-        kind = "Warning" if observed.phase == "Failed" else "Normal"
-        _event(
-            job,
-            kind,
-            observed.reason,
-            f"phase {current.get('phase') or 'None'} → {observed.phase}: {message}",
-        )
+def _resync_forever(kube: Kube, config: OperatorConfig, stop: threading.Event) -> None:
+    logger = logging.getLogger("llmtrain.resync")
+    while not stop.wait(config.resync_seconds):
+        try:
+            resync_all(kube, config, logger)
+        except Exception:  # never let the loop die; the next period tries again
+            logger.exception("resync failed")
+
+
+def resync_all(kube: Kube, config: OperatorConfig, logger: logging.Logger) -> None:
+    """Level-triggered: every unfinished job's status from its RayJob as it is now, whatever events
+    were missed or writes failed; a RayJob that is gone is created again. Jobs are listed before
+    RayJobs, so a RayJob a listed job names (created before its name was written) is in the second
+    list unless it was deleted."""
+    for namespace in config.namespaces or (None,):
+        jobs = kube.list_all(JOB_RESOURCE, namespace)
+        rayjobs = {
+            (r["metadata"]["namespace"], r["metadata"]["name"]): r
+            for r in kube.list_all(RAYJOB_RESOURCE, namespace, label_selector=JOB_LABEL)
+        }
+        for job in jobs:
+            status = job.get("status") or {}
+            meta = job["metadata"]
+            if _finished(status) or not status.get("rayJobName") or meta.get("deletionTimestamp"):
+                continue
+            try:
+                rayjob = rayjobs.get((meta["namespace"], str(status["rayJobName"])))
+                if rayjob is None:
+                    _rayjob_gone(kube, config, job, None, logger)
+                elif (_owner_ref(rayjob) or {}).get("uid") == meta.get("uid"):
+                    _mirror(kube, job, rayjob)
+            except ApiError as err:
+                ERRORS.labels(reason=f"ResyncHttp{err.status}").inc()
+                logger.warning(f"resync of {job_key(meta)}: {err}")

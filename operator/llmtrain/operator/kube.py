@@ -7,6 +7,7 @@ instead of going through the generated models. Kopf runs sync handlers in its th
 from __future__ import annotations
 
 import json
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,9 +25,10 @@ class Resource:
     version: str
     plural: str
 
-    def path(self, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
+    def path(self, namespace: str | None, name: str | None = None, subresource: str | None = None) -> str:
+        """The object's (or, without a name, the collection's) path; no namespace: every namespace."""
         base = f"/api/{self.version}" if not self.group else f"/apis/{self.group}/{self.version}"
-        path = f"{base}/namespaces/{namespace}/{self.plural}"
+        path = f"{base}/namespaces/{namespace}/{self.plural}" if namespace else f"{base}/{self.plural}"
         if name:
             path += f"/{name}"
         if subresource:
@@ -127,6 +129,24 @@ class Kube:
 
     def get(self, res: Resource, namespace: str, name: str) -> dict[str, Any]:
         return self.request("GET", res.path(namespace, name))
+
+    def list_all(
+        self, res: Resource, namespace: str | None, label_selector: str | None = None, page: int = 500
+    ) -> list[dict[str, Any]]:
+        """Every object of a collection (paged), in one namespace or all (None)."""
+        out: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            query = {"limit": str(page)}
+            if label_selector:
+                query["labelSelector"] = label_selector
+            if token:
+                query["continue"] = token
+            data = self.request("GET", f"{res.path(namespace)}?{urllib.parse.urlencode(query)}")
+            out.extend(data.get("items") or [])
+            token = (data.get("metadata") or {}).get("continue") or ""
+            if not token:
+                return out
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         res = resource_of(obj)

@@ -4,14 +4,25 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 
 import kopf
 from prometheus_client import start_http_server
 
-from llmtrain.operator.handlers import TRAINER_IMAGE_ENV
+from llmtrain.operator import handlers, settings
+from llmtrain.operator.config import OperatorConfig
+from llmtrain.render import ImageSettings
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
+
+
+def config_from(args: argparse.Namespace) -> OperatorConfig:
+    images = ImageSettings(trainer_image=args.trainer_image) if args.trainer_image else ImageSettings()
+    return OperatorConfig(
+        images=images,
+        workers=args.workers,
+        resync_seconds=args.resync_seconds,
+        namespaces=tuple(args.namespace),
+    )
 
 
 def run_operator(args: argparse.Namespace) -> int:
@@ -23,15 +34,20 @@ def run_operator(args: argparse.Namespace) -> int:
         log_refkey="object",
     )
     logging.getLogger().setLevel(_LEVELS[args.log_level])
-    if args.trainer_image:
-        os.environ[TRAINER_IMAGE_ENV] = args.trainer_image
+    config = config_from(args)
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, config)
+    operator_settings = kopf.OperatorSettings()
+    settings.configure(operator_settings, workers=config.workers)
     if args.metrics_port:
         start_http_server(args.metrics_port)
-    namespaces = list(args.namespace)
     kopf.run(
+        registry=registry,
+        settings=operator_settings,
+        memo=kopf.Memo(config=config),
         standalone=True,
-        clusterwide=not namespaces,
-        namespaces=namespaces,
+        clusterwide=not config.namespaces,
+        namespaces=list(config.namespaces),
         liveness_endpoint=f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None,
     )
     return 0

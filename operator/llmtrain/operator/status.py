@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmtrain.api.status import Phase
+from llmtrain.render.rayjob import KUEUE_QUEUE_LABEL
 
 CONDITION_TYPES = ("Created", "Running", "Succeeded", "Failed", "Suspended")
 
@@ -57,7 +58,12 @@ _MESSAGES: dict[str, str] = {
 }
 
 
-def observe(rayjob_status: dict[str, Any] | None) -> Observed:
+TERMINAL: frozenset[Phase] = frozenset({"Succeeded", "Failed"})
+
+
+def observe(rayjob_status: dict[str, Any] | None, queue: str | None = None) -> Observed:
+    """`queue`: the Kueue LocalQueue of a queued job. Kueue owns such a RayJob's `suspend`, so a
+    suspended one is waiting for admission (or was preempted), not suspended by its user."""
     status = rayjob_status or {}
     deployment = str(status.get("jobDeploymentStatus") or "")
     phase, reason = _DEPLOYMENT.get(deployment, ("Pending", "Unknown" + deployment))
@@ -68,8 +74,48 @@ def observe(rayjob_status: dict[str, Any] | None) -> Observed:
         phase, reason = "Failed", "Stopped"
     detail = str(status.get("message") or "")
     base = _MESSAGES.get(reason, reason)
-    message = f"{base}: {detail}" if detail and phase == "Failed" else base
+    if queue and phase == "Suspended":
+        phase, reason = "Pending", "Queued"
+        base = (
+            f"queued in Kueue LocalQueue {queue!r}: waiting for quota to admit it (a preempted job "
+            "waits here too, and resumes from its latest checkpoint)"
+        )
+    if detail and (phase == "Failed" or reason == "Retrying"):
+        # A retry keeps the failure that caused it: KubeRay's message names it.
+        message = f"{base}: {detail}" if phase == "Failed" else f"{base} (after: {detail})"
+    else:
+        message = base
     return Observed(phase=phase, reason=reason, message=message)
+
+
+def derive(
+    rayjob: dict[str, Any],
+    current: dict[str, Any],
+    generation: int | None,
+    now: str,
+) -> tuple[dict[str, Any], Observed]:
+    """The operator's whole part of a job's status, from its RayJob and the status as it is
+    (conditions keep their transition times, the trainer's root cause joins a failure); and what
+    the RayJob's state means (its reason names the transition's Event)."""
+    labels = rayjob.get("metadata", {}).get("labels") or {}
+    observed = with_root_cause(
+        observe(dict(rayjob.get("status") or {}), labels.get(KUEUE_QUEUE_LABEL)), current.get("progress")
+    )
+    update = {
+        **mirrored_fields(rayjob),
+        "phase": observed.phase,
+        "message": observed.message,
+        "observedGeneration": generation,
+        "conditions": conditions_for(
+            observed.phase,
+            observed.reason,
+            observed.message,
+            generation,
+            list(current.get("conditions") or []),
+            now,
+        ),
+    }
+    return update, observed
 
 
 def with_root_cause(observed: Observed, progress: dict[str, Any] | None) -> Observed:
