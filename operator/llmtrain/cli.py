@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,11 @@ import yaml
 from llmtrain.api.crd import crd_yaml
 from llmtrain.api.validation import InvalidJob, Problem, parse_job
 from llmtrain.operator.config import DEFAULT_RESYNC_SECONDS, DEFAULT_WORKERS
+
+TRAINERS_GROUP = "llmtrain.trainers"
+"""The entry point group the trainer package registers its runners in (see pyproject.toml)."""
+LOCAL_TRAINER = "local"
+"""The runner behind `llmtrain run`: `run_local(job_file, runs_root, use_gpu, fresh) -> exit code`."""
 
 
 def _documents(path: Path) -> Iterator[Any]:
@@ -88,12 +94,31 @@ def cmd_crd(args: argparse.Namespace) -> int:
     return 0
 
 
+class TrainerNotInstalled(RuntimeError):
+    """`llmtrain run` found no trainer to run: an install without the train extra."""
+
+
+def local_trainer() -> Callable[..., int]:
+    """The trainer's local runner, looked up through its entry point (loading imports the trainer)."""
+    found = entry_points(group=TRAINERS_GROUP, name=LOCAL_TRAINER)
+    if not found:
+        raise TrainerNotInstalled(f"no {LOCAL_TRAINER!r} entry point in group {TRAINERS_GROUP!r}")
+    entry_point = next(iter(found))
+    try:
+        runner: Callable[..., int] = entry_point.load()
+    except ImportError as exc:  # declared (same distribution) but the trainer or its deps are missing
+        raise TrainerNotInstalled(str(exc)) from exc
+    return runner
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     try:
-        from llmtrain_trainer.local import run_local
-    except ImportError as exc:
+        run_local = local_trainer()
+    except TrainerNotInstalled as exc:
         print(
-            f"llmtrain run needs the training extra: pip install 'llmtrain[train]' ({exc})", file=sys.stderr
+            f"llmtrain run needs the trainer, which this install lacks; install the train extra: "
+            f"pip install 'llmtrain[train]' ({exc})",
+            file=sys.stderr,
         )
         return 2
     return run_local(args.file, runs_root=args.runs_dir, use_gpu=args.gpu, fresh=args.fresh)

@@ -284,6 +284,25 @@ def test_gpu_example_places_workers_on_gpu_nodes_and_head_on_the_cpu_node(
     assert not refused, refused
 
 
+def test_a_node_selector_for_a_tainted_gpu_pool_takes_the_head_and_submitter_there_too(
+    cluster: Cluster, operator: OperatorProcess, gpu_ns: str
+) -> None:
+    """The head and submitter follow `resources.nodeSelector`; on a pool of tainted GPU nodes they
+    must tolerate the taint, or the job never starts (the head stayed Pending before)."""
+    ns = gpu_ns
+    pool = {"nvidia.com/gpu.present": "true"}  # only the GPU nodes carry it
+    apply_doc(cluster, _example(GPU_EXAMPLE, ns, spec__resources__nodeSelector=pool))
+    status = wait_phase(cluster, ns, GPU_EXAMPLE, "Running", "Failed")
+    assert status["phase"] == "Running", status
+    ray_cluster = status["rayClusterName"]
+    (head,) = items(cluster, "pods", ns, f"ray.io/cluster={ray_cluster},ray.io/node-type=head")
+    submitter = _running_pod(cluster, ns, f"{JOB_POD_LABEL}={GPU_EXAMPLE}")
+    for pod in (head, submitter):
+        assert pod["spec"]["nodeName"] in nodes.GPU_NODES, pod["metadata"]["name"]
+        assert pod["status"]["phase"] == "Running"
+        assert all(GPU not in (c["resources"].get("limits") or {}) for c in pod["spec"]["containers"])
+
+
 def test_two_full_node_gpu_workers_spread_over_both_gpu_nodes(
     cluster: Cluster, operator: OperatorProcess, gpu_ns: str
 ) -> None:

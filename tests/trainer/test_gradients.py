@@ -16,8 +16,9 @@ import ray.train.torch
 import torch
 from llmtrain.api.trainer_config import TrainerConfig
 from llmtrain_trainer.data import DistributedBatches, build_sequences
+from llmtrain_trainer.distributed import WorkerEnv
+from llmtrain_trainer.loss import token_loss_sum, trained_tokens
 from llmtrain_trainer.model import build_from_config, model_config
-from llmtrain_trainer.strategies import WorkerEnv, token_loss_sum, trained_tokens
 from llmtrain_trainer.strategies.fsdp import FsdpStrategy
 from llmtrain_trainer.tokenizer import load_tokenizer
 from ray.train import RunConfig, ScalingConfig

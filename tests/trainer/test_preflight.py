@@ -49,10 +49,6 @@ def valid_document(tmp_path: Path) -> dict[str, Any]:
             lambda d: d["scaling"].update(numWorkers=0),
             r"scaling\.numWorkers: Input should be greater than or equal to 1",
         ),
-        (
-            lambda d: d["training"].update(learningRat=0.1),
-            r"training\.learningRat: Extra inputs are not permitted",
-        ),
         (lambda d: d.pop("runName"), r"runName: Field required"),
         (
             lambda d: d["dataset"].update(path="/data/missing.jsonl"),
@@ -78,7 +74,6 @@ def valid_document(tmp_path: Path) -> dict[str, Any]:
     ],
     ids=[
         "range",
-        "typo",
         "missing-field",
         "dataset-path",
         "model-type",

@@ -183,6 +183,19 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
         "offloadOptimizer",
         True,
     ),
+    # KubeRay stores these as int32: a larger value must be refused before a RayJob is made.
+    (
+        "deadline-beyond-int32",
+        spec("runPolicy", {"activeDeadlineSeconds": 2**31}),
+        "activeDeadlineSeconds",
+        True,
+    ),
+    (
+        "ttl-beyond-int32",
+        spec("runPolicy", {"ttlSecondsAfterFinished": 2**31}),
+        "ttlSecondsAfterFinished",
+        True,
+    ),
     # Inside the inline model config (preserve-unknown in the CRD): the API server accepts these;
     # `llmtrain validate` and the operator refuse them before anything is created.
     ("config-without-model-type", inline_config(model_type=None), "model.config.model_type", False),

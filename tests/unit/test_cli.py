@@ -1,14 +1,18 @@
-"""The offline CLI: render, validate and crd, as a user runs them (subprocess for the entry point)."""
+"""The offline CLI: render, validate and crd, as a user runs them (subprocess for the entry point),
+and how `llmtrain run` finds the trainer."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import tomllib
+from importlib.metadata import EntryPoint, EntryPoints
 from pathlib import Path
 
 import pytest
 import yaml
+from llmtrain import cli
 from llmtrain.api.crd import crd_yaml
 from llmtrain.cli import main
 
@@ -82,3 +86,38 @@ def test_validate_unreadable_and_empty_files(tmp_path: Path, capsys: pytest.Capt
 def test_crd_command_prints_the_generated_crd(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["crd"]) == 0
     assert capsys.readouterr().out == crd_yaml()
+
+
+def test_run_finds_the_trainer_through_its_entry_point() -> None:
+    """pyproject declares the entry point, the installed metadata has it, and it is `run_local`."""
+    from llmtrain_trainer.local import run_local
+
+    declared = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    assert declared[cli.TRAINERS_GROUP] == {cli.LOCAL_TRAINER: "llmtrain_trainer.local:run_local"}
+    assert cli.local_trainer() is run_local
+
+
+@pytest.mark.parametrize(
+    "installed",
+    [
+        EntryPoints(()),  # no distribution declares a trainer
+        EntryPoints(  # declared, but the trainer package is absent (the operator image)
+            [EntryPoint(cli.LOCAL_TRAINER, "llmtrain_no_such_trainer.local:run_local", cli.TRAINERS_GROUP)]
+        ),
+    ],
+    ids=["not-declared", "not-importable"],
+)
+def test_run_without_a_trainer_says_to_install_the_train_extra(
+    installed: EntryPoints,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def lookup(*, group: str, name: str) -> EntryPoints:
+        assert group == cli.TRAINERS_GROUP
+        return installed.select(name=name)
+
+    monkeypatch.setattr(cli, "entry_points", lookup)
+    assert main(["run", str(tmp_path / "job.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'llmtrain[train]'" in err

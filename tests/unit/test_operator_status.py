@@ -135,11 +135,23 @@ def test_drift_patch_adopts_and_resyncs_only_managed_fields() -> None:
             "apiVersion": "llmtrain.dev/v1alpha1",
         }
     ]
-    desired = _cm({"k": "new"}, owners=owner)
-    assert drift_patch(desired, _cm({"k": "new"}, owners=owner)) == {}
-    orphan = _cm({"k": "old"}, labels={"a": "1", "extra": "kept"}, owners=[])
+    desired = _role([{"verbs": ["patch"]}], owners=owner)
+    assert drift_patch(desired, _role([{"verbs": ["patch"]}], owners=owner)) == {}
+    orphan = _role([{"verbs": ["get"]}], labels={"a": "1", "extra": "kept"}, owners=[])
     patch = drift_patch(desired, orphan)
-    assert patch == {"metadata": {"ownerReferences": owner}, "data": {"k": "new"}}
+    assert patch == {"metadata": {"ownerReferences": owner}, "rules": [{"verbs": ["patch"]}]}
+
+
+def test_the_trainer_config_map_is_never_rewritten() -> None:
+    """Immutable: an operator that renders it differently (an upgrade) leaves a running job's be."""
+    owner = [{"uid": "u1", "controller": True, "kind": "LLMTrainingJob", "name": "j"}]
+    assert drift_patch(_cm({"k": "new"}, owners=owner), _cm({"k": "old"}, owners=owner)) == {}
+
+
+def _role(rules: list, labels: dict | None = None, owners: list | None = None) -> dict:
+    role = _cm({}, labels, owners)
+    del role["data"]
+    return {**role, "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "rules": rules}
 
 
 def test_drift_patch_rayjob_touches_only_mutable_fields() -> None:
@@ -264,13 +276,6 @@ def test_derive_reads_the_queue_from_the_rayjob_and_the_root_cause_from_progress
     assert update["message"].endswith("trainer reported: OOM on rank 1")
 
 
-def test_drift_patch_removes_keys_only_the_stored_map_has() -> None:
-    """A merge patch merges maps: a ConfigMap key the rendered one lacks must be nulled."""
-    owner = [{"uid": "u1", "controller": True, "kind": "LLMTrainingJob", "name": "j"}]
-    patch = drift_patch(_cm({"k": "new"}, owners=owner), _cm({"k": "old", "stray": "x"}, owners=owner))
-    assert patch == {"data": {"k": "new", "stray": None}}
-
-
 def test_an_unmarked_object_without_a_controller_is_never_adopted() -> None:
     from llmtrain.operator.children import EnsureResult, OwnershipConflict, ensure
     from llmtrain.operator.kube import ApiError
@@ -300,3 +305,15 @@ def test_an_unmarked_object_without_a_controller_is_never_adopted() -> None:
     result = EnsureResult()
     ensure(ours, desired, result)  # type: ignore[arg-type]
     assert ours.patched and result.adopted == ["ConfigMap/c"]
+
+
+def test_a_resume_or_retry_does_not_flash_back_to_created() -> None:
+    """KubeRay's RayJob passes through New again on resume and after a retry's clean-up."""
+    from llmtrain.operator.status import derive
+
+    new = {"metadata": {"name": "j"}, "status": {"jobDeploymentStatus": "New"}}
+    for before in ("Suspended", "Running", "Initializing"):
+        update, observed = derive(new, {"phase": before}, 2, "t")
+        assert (update["phase"], observed.reason) == ("Initializing", "Resuming"), before
+    update, observed = derive(new, {"phase": "Pending"}, 1, "t")
+    assert (update["phase"], observed.reason) == ("Pending", "RayJobCreated")

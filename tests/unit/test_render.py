@@ -145,6 +145,27 @@ def test_worker_group_gpus_placement_and_replicas() -> None:
     assert pod["priorityClassName"] == "high"
 
 
+def test_head_and_submitter_follow_the_workers_node_selector_and_tolerate_its_gpu_taint() -> None:
+    """A node selector sending the job to a tainted GPU pool: the head and the submitter pod go
+    there too and tolerate the taint, or they would stay Pending; with the job's priority."""
+    rj = rayjob(_gpu_job())
+    head = rj["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    submitter = rj["spec"]["submitterPodTemplate"]["spec"]
+    gpu_taint = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    for pod in (head, submitter):
+        assert pod["nodeSelector"] == {"pool": "training"}  # no accelerator label: no GPU wanted
+        assert gpu_taint in pod["tolerations"]
+        assert {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"} in pod[
+            "tolerations"
+        ]
+        assert pod["priorityClassName"] == "high"
+    # Without a node selector they do not tolerate the GPU taint: they stay off GPU nodes.
+    doc = _gpu_job()
+    del doc["spec"]["resources"]["nodeSelector"]
+    head = rayjob(doc)["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert gpu_taint not in head.get("tolerations", [])
+
+
 def test_custom_gpu_resource_and_label_key() -> None:
     doc = _gpu_job()
     doc["spec"]["resources"].update(

@@ -24,8 +24,9 @@ import torch.distributed as dist
 from ray.train import CheckpointConsistencyMode, CheckpointUploadMode
 
 from llmtrain_trainer.data import DataPosition
+from llmtrain_trainer.distributed import WorkerEnv
 from llmtrain_trainer.rundir import STATE_FILE, checkpoint_name
-from llmtrain_trainer.strategies import Strategy, WorkerEnv
+from llmtrain_trainer.strategies.base import Strategy
 
 log = logging.getLogger(__name__)
 

@@ -1,16 +1,27 @@
 """Read the TrainerConfig the operator rendered (or `llmtrain run` built).
 
 The model itself lives in `llmtrain.api.trainer_config`, shared with the renderer, so both sides
-parse the same fields; this module only loads a file and turns problems into one-line errors.
+parse the same fields; this module loads a file and turns problems into one-line errors.
+
+Fields this trainer does not know are dropped with a warning rather than refused: a job keeps the
+trainer image it was created with, and a newer operator may render fields for newer images. (The
+models forbid unknown fields for the user's spec, where a typo must fail.)
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import types
+import typing
 from pathlib import Path
+from typing import Any
 
 from llmtrain.api.trainer_config import CONFIG_FILENAME, TrainerConfig
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "CONFIG_FILENAME",
@@ -33,6 +44,10 @@ def parse_config(text: str, source: str = "<config>") -> TrainerConfig:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{source} is not valid JSON: {exc}") from exc
+    dropped: list[str] = []
+    data = known_fields(TrainerConfig, data, "", dropped)
+    if dropped:
+        log.warning(f"{source}: ignoring fields this trainer does not know: {', '.join(dropped)}")
     try:
         return TrainerConfig.model_validate(data)
     except ValidationError as exc:
@@ -40,6 +55,37 @@ def parse_config(text: str, source: str = "<config>") -> TrainerConfig:
             f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}" for err in exc.errors()
         )
         raise ConfigError(f"{source} is not a valid TrainerConfig: {problems}") from exc
+
+
+def known_fields(model: type[BaseModel], data: Any, path: str, dropped: list[str]) -> Any:
+    """`data` with only the keys `model` (and its nested models) declare; the others named in
+    `dropped`. Values that are not mappings are left for validation to judge."""
+    if not isinstance(data, dict):
+        return data
+    fields: dict[str, FieldInfo] = {}
+    for name, info in model.model_fields.items():
+        fields[name] = info
+        if info.alias:
+            fields[info.alias] = info
+    out = {}
+    for key, value in data.items():
+        known = fields.get(key)
+        if known is None:
+            dropped.append(f"{path}{key}")
+            continue
+        nested = _model_in(known.annotation)
+        out[key] = value if nested is None else known_fields(nested, value, f"{path}{key}.", dropped)
+    return out
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model a field holds (directly or as `X | None`); None for anything else."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        models = [a for a in typing.get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+        return models[0] if len(models) == 1 else None
+    return None
 
 
 def load_config(path: Path) -> TrainerConfig:

@@ -23,7 +23,8 @@ from llmtrain.render.trainer_config import local_trainer_config
 from rich.console import Console
 from rich.table import Table
 
-from llmtrain_trainer.progress import ConsoleProgress, read_records, step_history
+from llmtrain_trainer.progress import read_records, step_history
+from llmtrain_trainer.progress_bar import ConsoleProgress
 from llmtrain_trainer.rundir import (
     LOSS_CURVE_FILE,
     METRICS_FILE,

@@ -1,7 +1,7 @@
 """The per-worker training loop that Ray Train runs on every rank.
 
-It only sequences the pieces: data (data.py), model and strategy (strategies/), checkpoints
-(checkpoint.py), metrics and progress (metrics.py, progress.py) and the export (export.py).
+It only sequences the pieces: data (data.py), model and strategy (strategies/), the loss (loss.py),
+checkpoints (checkpoint.py), metrics and progress (metrics.py, progress.py) and the export (export.py).
 Every collective (a strategy step, `ray.train.report`, a checkpoint) is reached by all ranks in
 the same order; only the writing of progress records is rank 0's alone.
 """
@@ -25,21 +25,15 @@ from llmtrain.api.trainer_config import TrainerConfig
 
 from llmtrain_trainer import checkpoint
 from llmtrain_trainer.data import DistributedBatches, SequenceData, build_sequences, evaluation_batches
+from llmtrain_trainer.distributed import WorkerEnv, rank_zero_first, scalar
 from llmtrain_trainer.export import export_model
-from llmtrain_trainer.metrics import MetricsRecord, Throughput, eta_seconds, peak_flops
+from llmtrain_trainer.loss import token_loss_sum, trained_tokens
+from llmtrain_trainer.metrics import MetricsRecord, Throughput, eta_seconds, input_token_count, peak_flops
 from llmtrain_trainer.model import count_parameters, flops_per_token, model_config
 from llmtrain_trainer.progress import FanOut, open_sinks
 from llmtrain_trainer.rundir import EXPORT_DIR, RESULT_FILE, latest_checkpoint
-from llmtrain_trainer.strategies import (
-    Strategy,
-    WorkerEnv,
-    input_token_count,
-    make_strategy,
-    rank_zero_first,
-    scalar,
-    token_loss_sum,
-    trained_tokens,
-)
+from llmtrain_trainer.strategies import make_strategy
+from llmtrain_trainer.strategies.base import Strategy
 from llmtrain_trainer.tokenizer import load_tokenizer
 
 log = logging.getLogger("llmtrain_trainer")

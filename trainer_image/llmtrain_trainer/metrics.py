@@ -1,4 +1,4 @@
-"""Metric records and throughput: tokens/s, MFU against the device's dense bf16 peak, ETA."""
+"""Metric records and throughput: tokens read, tokens/s, MFU against the device's dense bf16 peak, ETA."""
 
 from __future__ import annotations
 
@@ -121,6 +121,12 @@ class Throughput:
     @property
     def average_tokens_per_second(self) -> float:
         return self.train_tokens / self.train_seconds if self.train_seconds > 0 else 0.0
+
+
+def input_token_count(batch: dict[str, torch.Tensor]) -> int:
+    """Tokens the model reads in a micro-batch (padding excluded)."""
+    mask = batch.get("attention_mask")
+    return int(mask.sum()) if mask is not None else batch["input_ids"].numel()
 
 
 def eta_seconds(steps_left: int, seconds_per_step: float) -> float:

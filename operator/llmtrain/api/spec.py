@@ -33,6 +33,10 @@ Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=64)]
 ShortString = Annotated[str, Field(min_length=1, max_length=253)]
 
 
+# The largest value a Kubernetes or KubeRay int32 field holds.
+INT32_MAX = 2**31 - 1
+
+
 class SecretKeyRef(ApiModel):
     """A key of a Secret in the job's namespace; the value is never copied into any object."""
 
@@ -502,11 +506,22 @@ class RunPolicySpec(ApiModel):
         "every one restarts all workers from the latest checkpoint; -1 is unlimited.",
         json_schema_extra=immutable("runPolicy.maxWorkerFailures"),
     )
+    # KubeRay stores both as int32: a larger value would be refused in the RayJob (or, stored,
+    # break KubeRay's decoding of every RayJob), so the CRD bounds them.
     active_deadline_seconds: int | None = Field(
-        default=None, ge=1, description="Fail the run when it has been running this long (no retry)."
+        default=None,
+        ge=1,
+        le=INT32_MAX,
+        description="Fail the attempt when it has run this long, counted by KubeRay from the start "
+        "of each attempt (a retry or a resume starts the clock again); the job then fails without "
+        "a retry.",
     )
     ttl_seconds_after_finished: int = Field(
-        default=3600, ge=0, description="Keep the finished Ray cluster this long for logs, then delete it."
+        default=300,
+        ge=0,
+        le=INT32_MAX,
+        description="Keep the finished Ray cluster (its workers' GPUs too) this long for logs, then "
+        "delete it; the checkpoints and export stay on the shared storage.",
     )
     suspend: bool = Field(
         default=False,

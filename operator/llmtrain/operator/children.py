@@ -19,9 +19,10 @@ from llmtrain.render.labels import JOB_LABEL, MANAGED_BY, MANAGED_BY_LABEL
 from llmtrain.render.rayjob import KUEUE_QUEUE_LABEL
 
 # Fields the operator keeps in sync on an existing child. Everything else is create-only:
-# KubeRay ignores later rayClusterSpec edits, and PVC specs are immutable.
+# KubeRay ignores later rayClusterSpec edits, PVC specs are immutable, and so is the trainer's
+# ConfigMap (a running job's config never changes under it).
 _SYNCED_FIELDS: dict[str, tuple[str, ...]] = {
-    "ConfigMap": ("data",),
+    "ConfigMap": (),
     "Role": ("rules",),
     "RoleBinding": ("subjects",),
     "ServiceAccount": (),
@@ -115,18 +116,10 @@ def drift_patch(desired: dict[str, Any], existing: dict[str, Any]) -> dict[str, 
         if spec_patch:
             patch["spec"] = spec_patch
     else:
-        for name in _SYNCED_FIELDS.get(kind, ()):
-            want, have = desired.get(name), existing.get(name)
-            if want != have:
-                patch[name] = _replacing(want, have)
+        for name in _SYNCED_FIELDS.get(kind, ()):  # lists only: a merge patch replaces them whole
+            if desired.get(name) != existing.get(name):
+                patch[name] = desired.get(name)
     return patch
-
-
-def _replacing(want: Any, have: Any) -> Any:
-    """A merge patch merges maps key by key: keys only the stored map has are removed (null)."""
-    if isinstance(want, dict) and isinstance(have, dict):
-        return {**dict.fromkeys(set(have) - set(want)), **want}
-    return want
 
 
 def ensure(kube: Kube, desired: dict[str, Any], result: EnsureResult) -> dict[str, Any]:

@@ -43,6 +43,7 @@ _DEPLOYMENT: dict[str, tuple[Phase, str]] = {
 _MESSAGES: dict[str, str] = {
     "RayJobCreated": "RayJob created; waiting for KubeRay",
     "RayClusterStarting": "Ray cluster is starting",
+    "Resuming": "starting a new Ray cluster; training resumes from the latest checkpoint",
     "WaitingForSubmission": "waiting for the job submission",
     "Training": "training",
     "Retrying": "retrying on a new Ray cluster; training resumes from the latest checkpoint",
@@ -59,6 +60,7 @@ _MESSAGES: dict[str, str] = {
 
 
 TERMINAL: frozenset[Phase] = frozenset({"Succeeded", "Failed"})
+_UNDER_WAY: frozenset[str] = frozenset({"Initializing", "Running", "Suspended"})
 
 
 def observe(rayjob_status: dict[str, Any] | None, queue: str | None = None) -> Observed:
@@ -101,6 +103,10 @@ def derive(
     observed = with_root_cause(
         observe(dict(rayjob.get("status") or {}), labels.get(KUEUE_QUEUE_LABEL)), current.get("progress")
     )
+    if observed.reason == "RayJobCreated" and current.get("phase") in _UNDER_WAY:
+        # KubeRay passes through New again on a resume and after a retry's clean-up: the job is not
+        # back to "created", it is starting its next Ray cluster.
+        observed = Observed("Initializing", "Resuming", _MESSAGES["Resuming"])
     update = {
         **mirrored_fields(rayjob),
         "phase": observed.phase,

@@ -119,6 +119,22 @@ def _container(
     }
 
 
+def _gpu_toleration(job: LLMTrainingJob) -> dict[str, Any]:
+    """GPU nodes are commonly tainted with the resource name."""
+    return {"key": job.spec.resources.gpu_resource_name, "operator": "Exists", "effect": "NoSchedule"}
+
+
+def _head_tolerations(job: LLMTrainingJob) -> list[dict[str, Any]]:
+    """The head (and the submitter) go where `resources.nodeSelector` sends the workers; when that
+    is a tainted GPU pool they must tolerate its taint too, or they stay Pending. Without a node
+    selector they do not tolerate it, so they stay off GPU nodes."""
+    res = job.spec.resources
+    tolerations = [t.to_wire() for t in res.tolerations]
+    if res.node_selector and res.gpus_per_worker > 0:
+        tolerations.append(_gpu_toleration(job))
+    return tolerations
+
+
 def _head_group(job: LLMTrainingJob, images: ImageSettings) -> dict[str, Any]:
     head = job.spec.resources.head
     container = _container(job, images, "ray-head", {"cpu": head.cpu, "memory": head.memory})
@@ -137,7 +153,7 @@ def _head_group(job: LLMTrainingJob, images: ImageSettings) -> dict[str, Any]:
                 images,
                 container,
                 node_selector=dict(job.spec.resources.node_selector),
-                tolerations=[t.to_wire() for t in job.spec.resources.tolerations],
+                tolerations=_head_tolerations(job),
             ),
         },
     }
@@ -150,8 +166,7 @@ def _worker_group(job: LLMTrainingJob, images: ImageSettings) -> dict[str, Any]:
     tolerations = [t.to_wire() for t in res.tolerations]
     if res.gpus_per_worker > 0:
         limits[res.gpu_resource_name] = str(res.gpus_per_worker)
-        # GPU nodes are commonly tainted with the resource name; tolerate it by default.
-        tolerations.append({"key": res.gpu_resource_name, "operator": "Exists", "effect": "NoSchedule"})
+        tolerations.append(_gpu_toleration(job))
         if res.accelerator_type:
             node_selector[res.accelerator_label_key] = res.accelerator_type
     container = _container(job, images, "ray-worker", limits)
@@ -169,10 +184,20 @@ def _worker_group(job: LLMTrainingJob, images: ImageSettings) -> dict[str, Any]:
 
 
 def _submitter_template(job: LLMTrainingJob, images: ImageSettings) -> dict[str, Any]:
-    """KubeRay's default submitter pod has no securityContext; restricted namespaces reject it."""
+    """KubeRay's default submitter pod has no securityContext (restricted namespaces reject it) and
+    no placement: it goes where the head goes, with the job's priority."""
+    res = job.spec.resources
+    placement: dict[str, Any] = {}
+    if res.node_selector:
+        placement["nodeSelector"] = dict(res.node_selector)
+    if tolerations := _head_tolerations(job):
+        placement["tolerations"] = tolerations
+    if res.priority_class_name:
+        placement["priorityClassName"] = res.priority_class_name
     return {
         "spec": {
             "restartPolicy": "Never",
+            **placement,
             "securityContext": POD_SECURITY_CONTEXT,
             "containers": [
                 {

@@ -1,173 +1,19 @@
 """Distribution strategies: how the model is sharded, stepped, checkpointed and gathered for export.
 
-The loop talks to one `Strategy`; each implementation owns its model, optimizer and scheduler,
-because FSDP2, DeepSpeed and DDP each insist on building those their own way.
+The loop asks `make_strategy` for the one `Strategy` (base.py) the config names: FSDP2 (fsdp.py),
+DeepSpeed ZeRO (deepspeed.py) or DDP (ddp.py); torch_native.py and sharded_state.py hold what FSDP2
+and DDP share.
 """
 
 from __future__ import annotations
 
-import abc
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
-
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
-from torch.distributed.tensor import DTensor
-
-from llmtrain_trainer.data import IGNORE_INDEX
 
 if TYPE_CHECKING:
     from llmtrain.api.trainer_config import TrainerConfig
 
-
-@dataclass(frozen=True)
-class WorkerEnv:
-    """Where this training process sits: its rank, the world and its device."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    device: torch.device
-
-    @property
-    def on_gpu(self) -> bool:
-        return self.device.type == "cuda"
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def compute_dtype(precision: str, env: WorkerEnv) -> torch.dtype:
-    """bf16/fp16 only on GPUs; a CPU always computes in fp32."""
-    if not env.on_gpu:
-        return torch.float32
-    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
-
-
-class Strategy(abc.ABC):
-    """One model, optimizer and LR schedule, distributed one way. Every rank calls every method."""
-
-    name: str
-    model: nn.Module
-    """The module to call for forward passes (wrapped as the strategy needs)."""
-    reshardable_checkpoints = True
-    """Whether `load` accepts a checkpoint written by a different number of workers."""
-
-    def __init__(
-        self, config: TrainerConfig, env: WorkerEnv, total_steps: int, initial_weights: bool = True
-    ) -> None:
-        """`initial_weights=False` when a checkpoint will be loaded next: the pretrained (or seeded)
-        weights are then not read at all, except a LoRA base, which checkpoints do not hold."""
-        self.config = config
-        self.env = env
-        self.total_steps = total_steps
-        self.dtype = compute_dtype(config.training.precision, env)
-        self.lora = config.method.type == "lora"
-        self.initial_weights = initial_weights or self.lora
-
-    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Logits for a micro-batch already on the device."""
-        output = self.model(
-            input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), use_cache=False
-        )
-        logits: torch.Tensor = output.logits
-        return logits
-
-    def forward_backward(
-        self, batch: dict[str, torch.Tensor], loss_scale: float, last_micro_batch: bool
-    ) -> torch.Tensor:
-        """Forward and backward one micro-batch; return its summed token loss (detached).
-
-        The gradient is that of `loss_scale × summed loss`: the loop picks the scale so that, after
-        the strategy averages gradients over ranks, they equal those of the mean loss over every
-        trained token of the whole step, however the tokens are spread over ranks and micro-batches.
-        """
-        with self._sync_context(last_micro_batch):
-            with self._autocast():
-                loss_sum = token_loss_sum(self.forward(batch), batch["labels"])
-            self._backward(loss_sum * loss_scale, last_micro_batch)
-        return loss_sum.detach()
-
-    def _sync_context(self, last_micro_batch: bool) -> AbstractContextManager[object]:
-        return nullcontext()
-
-    def _autocast(self) -> AbstractContextManager[object]:
-        return nullcontext()
-
-    @abc.abstractmethod
-    def _backward(self, loss: torch.Tensor, last_micro_batch: bool) -> None:
-        """Accumulate gradients; reduce them across ranks on the last micro-batch of a step."""
-
-    @abc.abstractmethod
-    def step(self) -> torch.Tensor | float | None:
-        """Clip, update, advance the schedule, clear gradients; return the gradient norm.
-
-        A tensor norm (possibly a DTensor) stays on the device: the loop reads it with
-        `scalar()` only when it logs, to avoid a host-device sync on every step."""
-
-    @property
-    @abc.abstractmethod
-    def learning_rate(self) -> float: ...
-
-    @abc.abstractmethod
-    def save(self, directory: Path) -> None:
-        """Write this rank's share of model, optimizer and schedule state (all ranks call it)."""
-
-    @abc.abstractmethod
-    def load(self, directory: Path) -> None:
-        """Restore what `save` wrote, resharding where the strategy can."""
-
-    @abc.abstractmethod
-    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """Gather the full weights on CPU for export: the dict on rank 0, None elsewhere."""
-
-    def train(self, mode: bool = True) -> None:
-        self.model.train(mode)
-
-
-def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Summed next-token cross-entropy in fp32; position t predicts labels[t + 1]."""
-    shifted = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
-    return F.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]),
-        shifted.reshape(-1),
-        ignore_index=IGNORE_INDEX,
-        reduction="sum",
-    )
-
-
-def scalar(value: torch.Tensor | float) -> float:
-    """A Python float from a (D)Tensor; for a DTensor, a collective every rank must reach."""
-    if isinstance(value, DTensor):
-        value = value.full_tensor()
-    return float(value)
-
-
-def trained_tokens(labels: torch.Tensor) -> int:
-    """Tokens that contribute to the loss in a micro-batch (the first label is never predicted)."""
-    return int((labels[:, 1:] != IGNORE_INDEX).sum())
-
-
-def input_token_count(batch: dict[str, torch.Tensor]) -> int:
-    """Tokens the model reads in a micro-batch (padding excluded)."""
-    mask = batch.get("attention_mask")
-    return int(mask.sum()) if mask is not None else batch["input_ids"].numel()
-
-
-@contextmanager
-def rank_zero_first(env: WorkerEnv) -> Iterator[None]:
-    """Rank 0 runs the block first (filling caches on the shared storage), then the others."""
-    if not env.is_main:
-        dist.barrier()
-    yield
-    if env.is_main:
-        dist.barrier()
+    from llmtrain_trainer.distributed import WorkerEnv
+    from llmtrain_trainer.strategies.base import Strategy
 
 
 def make_strategy(

@@ -10,8 +10,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions
 from torch.nn.parallel import DistributedDataParallel
 
 from llmtrain_trainer import model as models
+from llmtrain_trainer.distributed import WorkerEnv, rank_zero_first
 from llmtrain_trainer.optim import build_optimizer, build_scheduler
-from llmtrain_trainer.strategies import WorkerEnv, rank_zero_first
 from llmtrain_trainer.strategies.torch_native import TorchNativeStrategy
 
 if TYPE_CHECKING:

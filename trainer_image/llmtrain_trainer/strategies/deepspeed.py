@@ -16,8 +16,9 @@ import torch
 from llmtrain.api.spec import DeepSpeedSpec, TrainingSpec
 
 from llmtrain_trainer import model as models
+from llmtrain_trainer.distributed import WorkerEnv, rank_zero_first
 from llmtrain_trainer.optim import build_optimizer, build_scheduler
-from llmtrain_trainer.strategies import Strategy, WorkerEnv, rank_zero_first
+from llmtrain_trainer.strategies.base import Strategy
 
 if TYPE_CHECKING:
     from llmtrain.api.trainer_config import TrainerConfig

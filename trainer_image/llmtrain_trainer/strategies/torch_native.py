@@ -11,7 +11,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions
 from torch.optim.lr_scheduler import LRScheduler
 
-from llmtrain_trainer.strategies import Strategy
+from llmtrain_trainer.strategies.base import Strategy
 from llmtrain_trainer.strategies.sharded_state import (
     gather_full_state,
     load_training_state,
