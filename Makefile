@@ -14,25 +14,34 @@ DEEPSPEED_SPEC ?= deepspeed==0.19.8
 # manifests) are not marked e2e and stay in `make test`.
 PYTEST_ARGS ?= -m "not e2e"
 
-.PHONY: help install test lint format generate demo render-example manifests e2e \
+.PHONY: help install test test-fast lock lint format generate demo render-example manifests e2e \
         tools cluster cluster-down bench-operator bench-trainer bench-gpu clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+# Exact versions of everything but torch (constraints.txt, `make lock`): CI installs what was tested.
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip wheel setuptools
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e '.[operator,train,dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[operator,train,dev]'
 	# DeepSpeed's build imports torch, so it must see the installed one (no build isolation).
-	DS_BUILD_OPS=0 $(PY) -m pip install --quiet --no-build-isolation "$(DEEPSPEED_SPEC)"
+	DS_BUILD_OPS=0 $(PY) -m pip install --quiet -c constraints.txt --no-build-isolation "$(DEEPSPEED_SPEC)"
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install llmtrain with every extra
 
-test: $(STAMP) tools ## run every test tier (unit, integration, real cluster, trainer, chart, e2e checks)
+test: $(STAMP) tools ## run every test tier (unit, real cluster, trainer, chart, e2e checks)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP) ## the inner loop (~1 min): lint, unit, chart, e2e script checks, trainer checks without Ray
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(PY) -m pytest -q -m "not e2e and not slow" tests/unit tests/chart tests/e2e tests/trainer
+
+lock: $(STAMP) ## rewrite constraints.txt from the current venv (after `make test` passed with new versions)
+	bash hack/lock.sh $(PY)
 
 tools: $(STAMP) ## build the real cluster's binaries from hack/tools/*/go.mod into ~/.cache/llmtrain/bin
 	$(PY) hack/tools/build_tools.py

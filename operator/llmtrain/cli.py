@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from llmtrain import plain_yaml
 from llmtrain.api.crd import crd_yaml
 from llmtrain.api.validation import InvalidJob, Problem, parse_job
 from llmtrain.operator.config import DEFAULT_RESYNC_SECONDS, DEFAULT_WORKERS
@@ -45,7 +46,7 @@ def _load_one(path: Path) -> Any:
 def _dump(objects: list[dict[str, Any]], fmt: str) -> str:
     if fmt == "json":
         return json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2) + "\n"
-    return "".join("---\n" + yaml.safe_dump(o, sort_keys=False) for o in objects)
+    return "".join("---\n" + plain_yaml.dump(o) for o in objects)
 
 
 def cmd_render(args: argparse.Namespace) -> int:
