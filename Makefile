@@ -21,7 +21,7 @@ help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
 # Exact versions of everything but torch (constraints.txt, `make lock`): CI installs what was tested.
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt operator/llmtrain/constants.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip wheel setuptools
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"

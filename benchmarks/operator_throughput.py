@@ -29,6 +29,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from llmtrain.constants import GROUP_VERSION, PLURAL  # noqa: E402
 from llmtrain.operator.config import DEFAULT_RESYNC_SECONDS  # noqa: E402
 
 from tests.support.cluster import audit, processes  # noqa: E402
@@ -233,9 +234,9 @@ async def run(args: argparse.Namespace) -> str:
         )
         proc = operator.proc
         # Warm-up: one job elsewhere until its RayJob exists, so the operator is watching and authorized.
-        group = "/apis/llmtrain.dev/v1alpha1/namespaces"
+        group = f"/apis/{GROUP_VERSION}/namespaces"
         await api.create(
-            f"{group}/{namespace}-warmup/llmtrainingjobs",
+            f"{group}/{namespace}-warmup/{PLURAL}",
             bench_job("warmup", f"{namespace}-warmup", suspended),
         )
         deadline = time.monotonic() + 120
@@ -268,7 +269,7 @@ async def run(args: argparse.Namespace) -> str:
 
         watchers = [
             asyncio.create_task(api.watch(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs", on_rayjob)),
-            asyncio.create_task(api.watch(f"{group}/{namespace}/llmtrainingjobs", on_job)),
+            asyncio.create_task(api.watch(f"{group}/{namespace}/{PLURAL}", on_job)),
         ]
         await asyncio.sleep(1)
         cpu_before = {name: cpu_seconds(pid) for name, pid in processes.running(cluster.directory).items()}
@@ -284,9 +285,7 @@ async def run(args: argparse.Namespace) -> str:
                 await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
             async with sem:
                 created_at[name] = time.monotonic()
-                await api.create(
-                    f"{group}/{namespace}/llmtrainingjobs", bench_job(name, namespace, suspended)
-                )
+                await api.create(f"{group}/{namespace}/{PLURAL}", bench_job(name, namespace, suspended))
 
         creator = asyncio.gather(*(create(i) for i in range(jobs)))
         await all_statuses(done, creator, proc, tmp / "operator.log", start, rayjob_at, status_at)

@@ -22,12 +22,13 @@ from pathlib import Path
 
 import helm_python
 import yaml
+from llmtrain.api.crd import CRD_FILENAME
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART_DIR = Path("charts") / "llmtrain"
 RELEASE = "llmtrain"
 NAMESPACE = "llmtrain-system"
-CRD_FILE = "crds/llmtrain.dev_llmtrainingjobs.yaml"
+CRD_FILE = f"crds/{CRD_FILENAME}"
 PLATFORM_DIR = "platform"
 EXAMPLES_DIR = "examples"
 HEADER = (

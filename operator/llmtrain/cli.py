@@ -19,6 +19,7 @@ import yaml
 from llmtrain import plain_yaml
 from llmtrain.api.crd import crd_yaml
 from llmtrain.api.validation import InvalidJob, Problem, parse_job
+from llmtrain.constants import LOCAL_RUNS_DIR
 from llmtrain.operator.config import DEFAULT_RESYNC_SECONDS, DEFAULT_WORKERS
 
 TRAINERS_GROUP = "llmtrain.trainers"
@@ -158,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="train an LLMTrainingJob on this machine with a local Ray")
     p.add_argument("file", type=Path)
-    p.add_argument("--runs-dir", type=Path, default=Path("llmtrain-runs"), help="where runs are kept")
+    p.add_argument("--runs-dir", type=Path, default=Path(LOCAL_RUNS_DIR), help="where runs are kept")
     p.add_argument("--gpu", action="store_true", help="train on local GPUs (default: CPU)")
     p.add_argument("--fresh", action="store_true", help="discard the previous run and start over")
     p.set_defaults(func=cmd_run)

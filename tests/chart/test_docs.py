@@ -8,13 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from llmtrain.api.crd import CRD_FILENAME
+from llmtrain.constants import API_GROUP, KUBERAY_VERSION, PLURAL
 
 from tests.chart.helm import CHART, ROOT, one, render
 
 README = (CHART / "README.md").read_text()
 VALUES_TEXT = (CHART / "values.yaml").read_text()
 SCHEMA: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text())
-CRD_PATH = ROOT / "manifests" / "crds" / "llmtrain.dev_llmtrainingjobs.yaml"
+CRD_PATH = ROOT / "manifests" / "crds" / CRD_FILENAME
 KEY_LINE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z0-9_]+):")
 
 
@@ -140,9 +142,9 @@ def test_schema_has_no_keys_missing_from_values_yaml() -> None:
     walk(SCHEMA, yaml.safe_load(VALUES_TEXT), "")
 
 
-def test_readme_pins_kuberay_v1_7_0_install_commands() -> None:
-    assert "--repo https://ray-project.github.io/kuberay-helm/ --version 1.7.0" in README
-    assert "kuberay/kuberay-operator --version 1.7.0" in README
+def test_readme_pins_the_kuberay_install_commands() -> None:
+    assert f"--repo https://ray-project.github.io/kuberay-helm/ --version {KUBERAY_VERSION}" in README
+    assert f"kuberay/kuberay-operator --version {KUBERAY_VERSION}" in README
     assert "kubectl get llmtj -w" in README
 
 
@@ -194,7 +196,7 @@ def test_kube_state_metrics_snippet_matches_the_crd_and_the_dashboard() -> None:
     rules = {
         (g, r) for rule in ksm["rbac"]["extraRules"] for g in rule["apiGroups"] for r in rule["resources"]
     }
-    assert ("llmtrain.dev", "llmtrainingjobs") in rules
+    assert (API_GROUP, PLURAL) in rules
     # The dashboard queries exactly the labels this configuration produces.
     dashboard = one(render({"grafanaDashboard": {"enabled": True}}), "ConfigMap")["data"]["llmtrain.json"]
     for label in resource["labelsFromPath"]:

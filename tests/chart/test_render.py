@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import helm_python
 import jsonschema
 import kubernetes_validate
 import pytest
+from llmtrain.constants import (
+    API_GROUP,
+    DEFAULT_TRAINER_IMAGE,
+    KUBERAY_VERSION,
+    OPERATOR_IMAGE_REPOSITORY,
+    VERSION,
+)
 
 from tests.chart.helm import (
     ALL_SETS,
@@ -154,7 +162,7 @@ def test_default_rendering() -> None:
     assert pod["serviceAccountName"] == "llmtrain-operator"
     assert pod["automountServiceAccountToken"] is True
     container = operator_container(objects)
-    assert container["image"] == "ghcr.io/llmtrain/operator:0.1.0"
+    assert container["image"] == f"{OPERATOR_IMAGE_REPOSITORY}:{VERSION}"
     assert container["command"] == ["llmtrain"]
     assert container["args"] == [
         "operator",
@@ -168,7 +176,7 @@ def test_default_rendering() -> None:
         "--log-format",
         "json",
         "--trainer-image",
-        "ghcr.io/llmtrain/trainer:0.1.0",
+        DEFAULT_TRAINER_IMAGE,
     ]
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"liveness": 8080, "metrics": 9090}
     for probe in ("startupProbe", "livenessProbe"):
@@ -366,11 +374,13 @@ def test_same_liveness_and_metrics_port_fails() -> None:
 def test_kuberay_requirement() -> None:
     values = {"kuberay": {"requireCRDs": True}}
     with pytest.raises(
-        helm_python.HelmRenderError, match=r"does not serve ray.io/v1 RayJob: install KubeRay v1.7.0"
+        helm_python.HelmRenderError,
+        match=rf"does not serve ray\.io/v1 RayJob: install KubeRay v{re.escape(KUBERAY_VERSION)}",
     ):
         render(values)
     objects = render(values, api_versions=("ray.io/v1", "ray.io/v1/RayJob"))
-    assert operator_deployment(objects)["metadata"]["annotations"]["llmtrain.dev/kuberay-version"] == "v1.7.0"
+    annotations = operator_deployment(objects)["metadata"]["annotations"]
+    assert annotations[f"{API_GROUP}/kuberay-version"] == f"v{KUBERAY_VERSION}"
 
 
 def test_notes_explain_how_to_run_and_watch_an_example() -> None:
@@ -378,8 +388,8 @@ def test_notes_explain_how_to_run_and_watch_an_example() -> None:
     assert "kubectl apply -n default -f examples/tiny-cpu.yaml" in text
     assert "kubectl get llmtj -n default -w" in text
     assert f"rollout status deployment/{RELEASE}-operator" in text
-    # Without KubeRay's RayJob API the notes say how to install it, pinned to v1.7.0.
-    assert "--version 1.7.0" in text
+    # Without KubeRay's RayJob API the notes say how to install it, pinned to the supported release.
+    assert f"--version {KUBERAY_VERSION}" in text
     with_kuberay = notes(api_versions=("ray.io/v1/RayJob",))
     assert "WARNING" not in with_kuberay
     assert "kubectl get llmtj -n team-a -w" in notes(load_values("namespaced-rbac"))

@@ -21,8 +21,9 @@ import kubernetes_validate
 import pytest
 import yaml
 from llmtrain.api.validation import parse_job
+from llmtrain.constants import EXPORT_DIR, JOB_LABEL, KUBERAY_VERSION
 from llmtrain.render.trainer_config import run_storage_path
-from llmtrain_trainer.rundir import CHECKPOINT_PREFIX, EXPORT_DIR
+from llmtrain_trainer.rundir import CHECKPOINT_PREFIX
 
 from tests.chart.helm import KUBE_VERSIONS, ROOT
 from tests.chart.security import restricted_violations
@@ -167,7 +168,8 @@ def test_dry_run_prints_every_step_in_order(dry_run: str) -> None:
         r"^kind load docker-image ghcr\.io/llmtrain/operator:e2e ghcr\.io/llmtrain/trainer:e2e "
         r"--name llmtrain-e2e",
         r"^helm --kube-context kind-llmtrain-e2e install kuberay-operator kuberay-operator "
-        r"--repo https://ray-project\.github\.io/kuberay-helm/ --version 1\.7\.0 .*--wait",
+        r"--repo https://ray-project\.github\.io/kuberay-helm/ "
+        rf"--version {re.escape(KUBERAY_VERSION)} .*--wait",
         rf"^kubectl {context} label namespace llmtrain-system "
         r"pod-security\.kubernetes\.io/enforce=restricted",
         r"^helm --kube-context kind-llmtrain-e2e install llmtrain charts/llmtrain "
@@ -182,7 +184,7 @@ def test_dry_run_prints_every_step_in_order(dry_run: str) -> None:
         rf"^kubectl {context} -n llmtrain-e2e get llmtj$",
         r"find /mnt/llmtrain/runs/llmtrain-e2e/tiny-cpu -maxdepth 1 -type d -name checkpoint-step-\\\*",
         r"find /mnt/llmtrain/runs/llmtrain-e2e/tiny-cpu/export -type f",
-        rf"^kubectl {context} -n llmtrain-e2e get rayjobs -l llmtrain\.dev/job=tiny-cpu -o name",
+        rf"^kubectl {context} -n llmtrain-e2e get rayjobs -l {re.escape(JOB_LABEL)}=tiny-cpu -o name",
         rf"^kubectl {context} -n llmtrain-e2e delete llmtrainingjob tiny-cpu --wait=true",
         r"^kind delete cluster --name llmtrain-e2e$",
     ]
@@ -296,7 +298,7 @@ def test_script_checks_what_the_trainer_writes_where_the_operator_points_it() ->
 def test_script_constants_match_the_example() -> None:
     example = yaml.safe_load(EXAMPLE.read_text())
     assert script_var("JOB") == example["metadata"]["name"]
-    assert script_var("KUBERAY_VERSION") == "1.7.0"
+    assert script_var("KUBERAY_VERSION") == KUBERAY_VERSION
     data = ROOT / "examples" / "data"
     # The dataset path is relative to storage.mountPath; run.sh copies examples/data/ to <mount>/data.
     assert (data.parent / example["spec"]["dataset"]["path"]).is_file()

@@ -6,12 +6,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import kubernetes_validate
+import pytest
 import yaml
 from llmtrain.api.crd import CRD_FILENAME, crd, crd_yaml
+from llmtrain.api.validation import InvalidJob, parse_job
+from llmtrain.constants import GROUP_VERSION, KIND
 from llmtrain.generate import generated_files
 from llmtrain.generate import main as generate_main
 
-from tests.support.jobs import REPO_ROOT
+from tests.support.jobs import REPO_ROOT, minimal_job
 
 
 def _nodes(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
@@ -122,3 +125,16 @@ def test_status_keeps_kopf_bookkeeping_and_progress() -> None:
 
 def test_crd_object_validates_as_apiextensions_v1() -> None:
     kubernetes_validate.validate(yaml.safe_load(crd_yaml()), "1.33", strict=True)
+
+
+def test_the_model_pins_apiversion_and_kind_to_the_constants() -> None:
+    """job.py builds its Literal types from llmtrain.constants (mypy sees str there): pydantic, and so
+    `llmtrain validate`, must still accept exactly this apiVersion and kind."""
+    job = parse_job(minimal_job())
+    assert (job.api_version, job.kind) == (GROUP_VERSION, KIND)
+    for key, right, wrong in (
+        ("apiVersion", GROUP_VERSION, "llmtrain.dev/v1"),
+        ("kind", KIND, "LLMTrainingJobs"),
+    ):
+        with pytest.raises(InvalidJob, match=rf"^\.{key}: must be one of '{right}'$"):
+            parse_job({**minimal_job(), key: wrong})

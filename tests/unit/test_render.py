@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 from llmtrain.api.job import LLMTrainingJob
-from llmtrain.api.trainer_config import CONFIG_FILENAME, TrainerConfig
+from llmtrain.api.trainer_config import TrainerConfig
 from llmtrain.api.validation import parse_job
+from llmtrain.constants import CONFIG_FILENAME
 from llmtrain.render import ImageSettings, render
 from llmtrain.render.names import MAX_CHILD_NAME, child_name
 from llmtrain.render.network import PROFILES

@@ -17,7 +17,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from llmtrain.api.trainer_config import CONFIG_FILENAME, TrainerConfig
+from llmtrain.api.trainer_config import TrainerConfig
+from llmtrain.constants import CONFIG_FILENAME, CONFIG_PATH
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
@@ -32,7 +33,7 @@ __all__ = [
     "parse_config",
 ]
 
-DEFAULT_CONFIG_PATH = Path("/etc/llmtrain") / CONFIG_FILENAME
+DEFAULT_CONFIG_PATH = Path(CONFIG_PATH)
 
 
 class ConfigError(ValueError):

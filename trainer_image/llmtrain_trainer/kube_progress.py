@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from llmtrain.constants import GROUP_VERSION, PLURAL
+
 from llmtrain_trainer.metrics import MetricsRecord
 
 if TYPE_CHECKING:
@@ -62,9 +64,7 @@ class ApiTarget:
         return cls(f"https://{host}:{port}", token_file.read_text().strip(), str(ca) if ca.exists() else None)
 
     def status_url(self, namespace: str, name: str) -> str:
-        return (
-            f"{self.base_url}/apis/llmtrain.dev/v1alpha1/namespaces/{namespace}/llmtrainingjobs/{name}/status"
-        )
+        return f"{self.base_url}/apis/{GROUP_VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
 
 
 def _rfc3339(ts: float) -> str:

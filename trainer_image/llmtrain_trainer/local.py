@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 from llmtrain.api.trainer_config import TrainerConfig
 from llmtrain.api.validation import InvalidJob, parse_job
+from llmtrain.constants import LOCAL_RUNS_DIR
 from llmtrain.render.trainer_config import local_trainer_config
 from rich.console import Console
 from rich.table import Table
@@ -147,7 +148,7 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
 
 
 def run_local(
-    job_file: Path, runs_root: Path = Path("llmtrain-runs"), use_gpu: bool = False, fresh: bool = False
+    job_file: Path, runs_root: Path = Path(LOCAL_RUNS_DIR), use_gpu: bool = False, fresh: bool = False
 ) -> int:
     """Train the job on a local Ray instance; returns the process exit code."""
     console = Console()
@@ -228,7 +229,7 @@ def run_local(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m llmtrain_trainer.local", description=run_local.__doc__)
     parser.add_argument("job_file", type=Path)
-    parser.add_argument("--runs-dir", type=Path, default=Path("llmtrain-runs"))
+    parser.add_argument("--runs-dir", type=Path, default=Path(LOCAL_RUNS_DIR))
     parser.add_argument("--gpu", action="store_true")
     parser.add_argument("--fresh", action="store_true")
     args = parser.parse_args(argv)

@@ -22,6 +22,7 @@ import ray.train.torch
 import torch
 import torch.distributed as dist
 from llmtrain.api.trainer_config import TrainerConfig
+from llmtrain.constants import EXPORT_DIR
 
 from llmtrain_trainer import checkpoint
 from llmtrain_trainer.data import DistributedBatches, SequenceData, build_sequences, evaluation_batches
@@ -31,7 +32,7 @@ from llmtrain_trainer.loss import token_loss_sum, trained_tokens
 from llmtrain_trainer.metrics import MetricsRecord, Throughput, eta_seconds, input_token_count, peak_flops
 from llmtrain_trainer.model import count_parameters, flops_per_token, model_config
 from llmtrain_trainer.progress import FanOut, open_sinks
-from llmtrain_trainer.rundir import EXPORT_DIR, RESULT_FILE, latest_checkpoint
+from llmtrain_trainer.rundir import RESULT_FILE, latest_checkpoint
 from llmtrain_trainer.strategies import make_strategy
 from llmtrain_trainer.strategies.base import Strategy
 from llmtrain_trainer.tokenizer import load_tokenizer

@@ -6,6 +6,8 @@ metrics.jsonl               rank 0's progress records, appended across attempts
 result.json                 written by rank 0 when the run has finished
 export/                     the Hugging Face export (never a reported checkpoint)
 summary.json, loss_curve.png   written by `llmtrain run`
+
+The export directory's name is shared with the renderer: llmtrain.constants.EXPORT_DIR.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ CHECKPOINT_PREFIX = "checkpoint-step-"
 STATE_FILE = "trainer_state.json"
 METRICS_FILE = "metrics.jsonl"
 RESULT_FILE = "result.json"
-EXPORT_DIR = "export"
 SUMMARY_FILE = "summary.json"
 LOSS_CURVE_FILE = "loss_curve.png"
 

@@ -16,7 +16,7 @@ from pydantic_core import core_schema
 
 from llmtrain import plain_yaml
 from llmtrain.api.job import LLMTrainingJob
-from llmtrain.api.spec import API_GROUP, API_VERSION, KIND, PLURAL
+from llmtrain.constants import API_GROUP, API_VERSION, GROUP_VERSION, KIND, PLURAL
 
 # Keys Kubernetes accepts in a structural schema node, in the order they are written out.
 _KEPT = (
@@ -185,8 +185,8 @@ def openapi_schema() -> dict[str, Any]:
     converter = _Converter(defs)
     root = converter.node(raw)
     props = root["properties"]
-    props["apiVersion"] = {"type": "string", "description": "llmtrain.dev/v1alpha1"}
-    props["kind"] = {"type": "string", "description": "LLMTrainingJob"}
+    props["apiVersion"] = {"type": "string", "description": GROUP_VERSION}
+    props["kind"] = {"type": "string", "description": KIND}
     props["metadata"] = {"type": "object"}
     status = props["status"]
     status["properties"]["kopf"] = {

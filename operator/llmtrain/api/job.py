@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from llmtrain.api.base import ApiModel, cel
 from llmtrain.api.spec import MAX_NAME_LENGTH, LLMTrainingJobSpec
 from llmtrain.api.status import LLMTrainingJobStatus
+from llmtrain.constants import GROUP_VERSION, KIND
+
+# pydantic (and so the CRD and `llmtrain validate`) sees Literal[<the constant>]; mypy accepts no
+# name inside Literal, so it sees str.
+if TYPE_CHECKING:
+    ApiVersion = str
+    Kind = str
+else:
+    ApiVersion = Literal[GROUP_VERSION]
+    Kind = Literal[KIND]
 
 DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
@@ -46,8 +56,8 @@ class LLMTrainingJob(ApiModel):
         }
     )
 
-    api_version: Literal["llmtrain.dev/v1alpha1"] = Field(default="llmtrain.dev/v1alpha1", alias="apiVersion")
-    kind: Literal["LLMTrainingJob"] = "LLMTrainingJob"
+    api_version: ApiVersion = Field(default=GROUP_VERSION, alias="apiVersion")
+    kind: Kind = KIND
     metadata: ObjectMeta
     spec: LLMTrainingJobSpec
     status: LLMTrainingJobStatus | None = None

@@ -21,11 +21,8 @@ from llmtrain.api.base import (
     cel,
     immutable,
 )
+from llmtrain.constants import DEFAULT_MOUNT_PATH
 
-API_GROUP = "llmtrain.dev"
-API_VERSION = "v1alpha1"
-KIND = "LLMTrainingJob"
-PLURAL = "llmtrainingjobs"
 # KubeRay derives pod and service names from the RayJob name and caps it at 47 characters.
 MAX_NAME_LENGTH = 47
 
@@ -426,7 +423,7 @@ class StorageSpec(ApiModel):
     )
     create: StorageCreateSpec | None = Field(default=None, description="Create a PVC for this job.")
     mount_path: Annotated[str, Field(pattern=r"^/[^:]*$", max_length=256)] = Field(
-        default="/mnt/llmtrain",
+        default=DEFAULT_MOUNT_PATH,
         description="Where the storage is mounted; checkpoints go to <mountPath>/runs/<namespace>/<name>.",
     )
 

@@ -13,8 +13,7 @@ from pydantic import Field
 
 from llmtrain.api.base import ApiModel
 from llmtrain.api.spec import CheckpointSpec, DatasetSpec, MethodSpec, ModelSpec, StrategySpec, TrainingSpec
-
-CONFIG_FILENAME = "trainer-config.json"
+from llmtrain.constants import EXPORT_DIR
 
 
 class JobRef(ApiModel):
@@ -64,4 +63,4 @@ class TrainerConfig(ApiModel):
     @property
     def export_dir(self) -> PurePosixPath:
         """The Hugging Face export, beside (not inside) the reported checkpoint chain."""
-        return self.run_dir / "export"
+        return self.run_dir / EXPORT_DIR

@@ -14,9 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmtrain.constants import JOB_LABEL, KUEUE_QUEUE_LABEL, MANAGED_BY_LABEL, OPERATOR_NAME
 from llmtrain.operator.kube import ApiError, Kube, resource_of
-from llmtrain.render.labels import JOB_LABEL, MANAGED_BY, MANAGED_BY_LABEL
-from llmtrain.render.rayjob import KUEUE_QUEUE_LABEL
 
 # Fields the operator keeps in sync on an existing child. Everything else is create-only:
 # KubeRay ignores later rayClusterSpec edits, PVC specs are immutable, and so is the trainer's
@@ -73,7 +72,7 @@ def _controller_uid(obj: dict[str, Any]) -> str | None:
 def _carries_our_marks(desired: dict[str, Any], existing: dict[str, Any]) -> bool:
     want = desired["metadata"].get("labels") or {}
     have = existing["metadata"].get("labels") or {}
-    return have.get(MANAGED_BY_LABEL) == MANAGED_BY and have.get(JOB_LABEL) == want.get(JOB_LABEL)
+    return have.get(MANAGED_BY_LABEL) == OPERATOR_NAME and have.get(JOB_LABEL) == want.get(JOB_LABEL)
 
 
 def _held_by_earlier_namesake(desired: dict[str, Any], existing: dict[str, Any]) -> bool:
@@ -153,7 +152,7 @@ def ensure(kube: Kube, desired: dict[str, Any], result: EnsureResult) -> dict[st
     if holder is None and owner is not None and not _carries_our_marks(desired, existing):
         raise OwnershipConflict(
             f"{_key(desired)} already exists and was not created by llmtrain for this job (it lacks "
-            f"the labels {MANAGED_BY_LABEL}={MANAGED_BY} and {JOB_LABEL}={meta['labels'][JOB_LABEL]}); "
+            f"the labels {MANAGED_BY_LABEL}={OPERATOR_NAME} and {JOB_LABEL}={meta['labels'][JOB_LABEL]}); "
             "llmtrain never takes over an object it did not create: rename the LLMTrainingJob, or "
             "delete or rename that object"
         )

@@ -24,8 +24,8 @@ from typing import Any
 
 import kopf
 
-from llmtrain.api.spec import API_GROUP, API_VERSION, PLURAL
 from llmtrain.api.validation import InvalidJob, parse_job
+from llmtrain.constants import API_GROUP, API_VERSION, JOB_LABEL, KIND, PLURAL
 from llmtrain.operator import status as status_map
 from llmtrain.operator.children import (
     ChildBeingReplaced,
@@ -45,7 +45,6 @@ from llmtrain.operator.reporting import (
     write_status,
 )
 from llmtrain.render import render
-from llmtrain.render.labels import JOB_LABEL
 
 RAYJOB_RESOURCE = RESOURCES[("ray.io/v1", "RayJob")]
 # Quick retries of a failed mirror write inside the event handler; the resync timer does the rest.
@@ -257,7 +256,7 @@ def _owner_ref(rayjob: Mapping[str, Any]) -> dict[str, Any] | None:
     for ref in rayjob.get("metadata", {}).get("ownerReferences") or []:
         if (
             ref.get("controller")
-            and ref.get("kind") == "LLMTrainingJob"
+            and ref.get("kind") == KIND
             and ref.get("apiVersion", "").startswith(API_GROUP)
         ):
             return dict(ref)

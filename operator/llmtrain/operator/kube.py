@@ -13,7 +13,7 @@ from typing import Any
 
 from kubernetes import client as k8s_client
 
-from llmtrain.api.spec import API_GROUP, API_VERSION, PLURAL
+from llmtrain.constants import API_GROUP, API_VERSION, GROUP_VERSION, KIND, PLURAL
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -46,7 +46,7 @@ RESOURCES: dict[tuple[str, str], Resource] = {
         "rbac.authorization.k8s.io", "v1", "rolebindings"
     ),
     ("ray.io/v1", "RayJob"): Resource("ray.io", "v1", "rayjobs"),
-    (f"{API_GROUP}/{API_VERSION}", "LLMTrainingJob"): Resource(API_GROUP, API_VERSION, PLURAL),
+    (GROUP_VERSION, KIND): Resource(API_GROUP, API_VERSION, PLURAL),
 }
 
 

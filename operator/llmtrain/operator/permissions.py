@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmtrain.api.spec import API_GROUP, PLURAL
+from llmtrain.constants import API_GROUP, PLURAL
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from llmtrain.api.spec import API_GROUP, API_VERSION
+from llmtrain.constants import GROUP_VERSION, KIND, OPERATOR_NAME
 from llmtrain.operator.kube import RESOURCES, ApiError, Kube
 from llmtrain.operator.metrics import PHASE_BOOK
 
-JOB_RESOURCE = RESOURCES[(f"{API_GROUP}/{API_VERSION}", "LLMTrainingJob")]
-COMPONENT = "llmtrain-operator"
+JOB_RESOURCE = RESOURCES[(GROUP_VERSION, KIND)]
+COMPONENT = OPERATOR_NAME
 INSTANCE = socket.gethostname()  # the pod's name in a cluster
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,8 @@ def announce(kube: Kube, job: Mapping[str, Any], event: Announcement) -> None:
         "kind": "Event",
         "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
         "involvedObject": {
-            "apiVersion": job.get("apiVersion") or f"{API_GROUP}/{API_VERSION}",
-            "kind": job.get("kind") or "LLMTrainingJob",
+            "apiVersion": job.get("apiVersion") or GROUP_VERSION,
+            "kind": job.get("kind") or KIND,
             "name": meta["name"],
             "namespace": meta["namespace"],
             "uid": meta.get("uid"),

@@ -11,10 +11,13 @@ import logging
 
 import kopf
 
-FINALIZER = "llmtrain.dev/operator"
+from llmtrain.constants import API_GROUP
+from llmtrain.operator.config import DEFAULT_WORKERS
+
+FINALIZER = f"{API_GROUP}/operator"
 
 
-def configure(settings: kopf.OperatorSettings, workers: int = 16) -> None:
+def configure(settings: kopf.OperatorSettings, workers: int = DEFAULT_WORKERS) -> None:
     settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf.progress")
     settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage(field="status.kopf.lastHandled")
     settings.persistence.finalizer = FINALIZER

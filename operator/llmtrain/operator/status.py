@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmtrain.api.status import Phase
-from llmtrain.render.rayjob import KUEUE_QUEUE_LABEL
+from llmtrain.constants import KUEUE_QUEUE_LABEL
 
 CONDITION_TYPES = ("Created", "Running", "Succeeded", "Failed", "Suspended")
 

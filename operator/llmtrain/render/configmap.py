@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from llmtrain.api.job import LLMTrainingJob
-from llmtrain.api.trainer_config import CONFIG_FILENAME, TrainerConfig
+from llmtrain.api.trainer_config import TrainerConfig
+from llmtrain.constants import CONFIG_FILENAME
 from llmtrain.render.labels import object_meta
 from llmtrain.render.names import configmap_name
 

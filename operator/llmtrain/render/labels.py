@@ -5,18 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from llmtrain.api.job import LLMTrainingJob
-from llmtrain.api.spec import API_GROUP, API_VERSION, KIND
-
-JOB_LABEL = f"{API_GROUP}/job"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-MANAGED_BY = "llmtrain-operator"
+from llmtrain.constants import GROUP_VERSION, JOB_LABEL, KIND, MANAGED_BY_LABEL, OPERATOR_NAME
 
 
 def labels(job: LLMTrainingJob, component: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "llmtrain",
         "app.kubernetes.io/instance": job.metadata.name,
-        MANAGED_BY_LABEL: MANAGED_BY,
+        MANAGED_BY_LABEL: OPERATOR_NAME,
         "app.kubernetes.io/component": component,
         JOB_LABEL: job.metadata.name,
     }
@@ -28,7 +24,7 @@ def owner_references(job: LLMTrainingJob) -> list[dict[str, Any]]:
         return []
     return [
         {
-            "apiVersion": f"{API_GROUP}/{API_VERSION}",
+            "apiVersion": GROUP_VERSION,
             "kind": KIND,
             "name": job.metadata.name,
             "uid": job.metadata.uid,

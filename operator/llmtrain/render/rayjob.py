@@ -10,15 +10,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmtrain.api.job import LLMTrainingJob
-from llmtrain.api.trainer_config import CONFIG_FILENAME
+from llmtrain.constants import (
+    CONFIG_DIR,
+    CONFIG_PATH,
+    DEFAULT_TRAINER_IMAGE,
+    JOB_LABEL,
+    KUEUE_QUEUE_LABEL,
+    RAY_VERSION,
+    ROLE_LABEL,
+)
 from llmtrain.render.labels import object_meta
 from llmtrain.render.names import configmap_name, rayjob_name, trainer_account_name
 from llmtrain.render.network import container_env
 from llmtrain.render.storage import claim_name
 
-CONFIG_DIR = "/etc/llmtrain"
-ENTRYPOINT = f"python -m llmtrain_trainer.main --config {CONFIG_DIR}/{CONFIG_FILENAME}"
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+ENTRYPOINT = f"python -m llmtrain_trainer.main --config {CONFIG_PATH}"
 RAY_UID = 1000
 WORKER_GROUP = "workers"
 
@@ -27,8 +33,8 @@ WORKER_GROUP = "workers"
 class ImageSettings:
     """Operator-wide defaults the spec does not carry."""
 
-    trainer_image: str = "ghcr.io/llmtrain/trainer:0.1.0"
-    ray_version: str = "2.60.0"
+    trainer_image: str = DEFAULT_TRAINER_IMAGE
+    ray_version: str = RAY_VERSION
     image_pull_policy: str = "IfNotPresent"
 
 
@@ -147,7 +153,7 @@ def _head_group(job: LLMTrainingJob, images: ImageSettings) -> dict[str, Any]:
         # num-cpus 0: no training worker is ever scheduled on the head.
         "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0"},
         "template": {
-            "metadata": {"labels": {"llmtrain.dev/job": job.metadata.name, "llmtrain.dev/role": "head"}},
+            "metadata": {"labels": {JOB_LABEL: job.metadata.name, ROLE_LABEL: "head"}},
             "spec": _pod_spec(
                 job,
                 images,
@@ -177,7 +183,7 @@ def _worker_group(job: LLMTrainingJob, images: ImageSettings) -> dict[str, Any]:
         "maxReplicas": res.workers,
         "rayStartParams": {},
         "template": {
-            "metadata": {"labels": {"llmtrain.dev/job": job.metadata.name, "llmtrain.dev/role": "worker"}},
+            "metadata": {"labels": {JOB_LABEL: job.metadata.name, ROLE_LABEL: "worker"}},
             "spec": _pod_spec(job, images, container, node_selector=node_selector, tolerations=tolerations),
         },
     }

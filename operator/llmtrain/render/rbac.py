@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmtrain.api.job import LLMTrainingJob
-from llmtrain.api.spec import API_GROUP, PLURAL
+from llmtrain.constants import API_GROUP, PLURAL
 from llmtrain.render.labels import object_meta
 from llmtrain.render.names import trainer_account_name
 

@@ -1,0 +1,49 @@
+"""The one home of every name and version that more than one part of llmtrain has to agree on.
+
+The operator, the renderer, the CLI and the trainer import these; the CRD is generated from them
+(`make generate`); pyproject.toml reads VERSION as the package version. What cannot import Python is
+checked against them: Chart.yaml, values.yaml, the READMEs, docs/, the Dockerfiles and the Ray pin by
+tests/chart/test_constants.py, the e2e script by tests/e2e/test_e2e.py.
+
+This module imports nothing: the trainer's progress reporter needs only the standard library, and
+setuptools reads VERSION from the source without importing it.
+"""
+
+# The release: the package version, the chart's appVersion, the tag of both default images.
+VERSION = "0.1.0"
+
+# The LLMTrainingJob API.
+API_GROUP = "llmtrain.dev"
+API_VERSION = "v1alpha1"
+GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"  # a resource's `apiVersion`
+KIND = "LLMTrainingJob"
+PLURAL = "llmtrainingjobs"
+
+# The operator's name: the managed-by label of its children and the component of its Events.
+OPERATOR_NAME = "llmtrain-operator"
+
+# Labels on what the operator renders.
+JOB_LABEL = f"{API_GROUP}/job"  # every child: the LLMTrainingJob it belongs to
+ROLE_LABEL = f"{API_GROUP}/role"  # Ray pods: head or worker
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+# The trainer config: rendered into the job's ConfigMap, mounted at CONFIG_DIR on every Ray pod.
+CONFIG_DIR = "/etc/llmtrain"
+CONFIG_FILENAME = "trainer-config.json"
+CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILENAME}"
+
+# The shared storage: spec.storage.mountPath's default, and the export beside a run's checkpoints.
+DEFAULT_MOUNT_PATH = "/mnt/llmtrain"
+EXPORT_DIR = "export"
+# Where `llmtrain run` keeps local runs unless told otherwise.
+LOCAL_RUNS_DIR = "llmtrain-runs"
+
+# What the product is built and tested against.
+RAY_VERSION = "2.60.0"  # the RayJob's rayVersion: the Ray the images install (constraints.txt)
+KUBERAY_VERSION = "1.7.0"  # the KubeRay operator release (its Helm chart version; tags add a "v")
+
+# The images.
+OPERATOR_IMAGE_REPOSITORY = "ghcr.io/llmtrain/operator"
+TRAINER_IMAGE_REPOSITORY = "ghcr.io/llmtrain/trainer"
+DEFAULT_TRAINER_IMAGE = f"{TRAINER_IMAGE_REPOSITORY}:{VERSION}"
