@@ -7,6 +7,7 @@ meanwhile, so what happens to a job is this process's doing.
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 from pathlib import Path
 
@@ -69,7 +70,10 @@ def test_scoped_operator_probes_metrics_json_logs_and_image(
             ),
             what="the jobs gauge",
         )
-        assert "llmtrain_reconcile_duration_seconds_count 1.0" in body
+        # One reconcile, or two when the RayJob's state was mirrored first and the reconciler's
+        # conditional first write met a 409 and ran again (see test_faults.py).
+        count = re.search(r"^llmtrain_reconcile_duration_seconds_count (\S+)$", body, re.MULTILINE)
+        assert count is not None and float(count.group(1)) in (1.0, 2.0), body[-2000:]
         assert "llmtrain_errors_total" in body
         # Scoped: the other namespace's job is not even given a status.
         assert get(cluster, "rayjob", "ignored", other_namespace) is None
