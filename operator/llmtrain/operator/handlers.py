@@ -382,3 +382,5 @@ def resync_all(kube: Kube, config: OperatorConfig, logger: logging.Logger) -> No
             except ApiError as err:
                 ERRORS.labels(reason=f"ResyncHttp{err.status}").inc()
                 logger.warning(f"resync of {job_key(meta)}: {err}")
+            except (ChildBeingReplaced, OwnershipConflict) as exc:  # one job's trouble, not the pass's
+                logger.warning(f"resync of {job_key(meta)}: {exc}")
