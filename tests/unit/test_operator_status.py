@@ -317,3 +317,32 @@ def test_a_resume_or_retry_does_not_flash_back_to_created() -> None:
         assert (update["phase"], observed.reason) == ("Initializing", "Resuming"), before
     update, observed = derive(new, {"phase": "Pending"}, 1, "t")
     assert (update["phase"], observed.reason) == ("Pending", "RayJobCreated")
+
+
+def test_one_jobs_conflict_does_not_end_the_resync_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resync loop goes on to the next job when one job's RayJob cannot be created again."""
+    import logging
+
+    from llmtrain.operator import handlers
+    from llmtrain.operator.children import OwnershipConflict
+    from llmtrain.operator.config import OperatorConfig
+
+    def job(name: str) -> dict:
+        meta = {"name": name, "namespace": "n", "uid": f"u-{name}"}
+        return {"metadata": meta, "status": {"phase": "Running", "rayJobName": name}}
+
+    rayjob_b = {"metadata": {"name": "b", "namespace": "n", "ownerReferences": []}}
+
+    class Kube:
+        def list_all(self, resource: object, namespace: object, label_selector: object = None) -> list:
+            return [job("a"), job("b")] if resource is handlers.JOB_RESOURCE else [rayjob_b]
+
+    def gone(*args: object) -> None:
+        raise OwnershipConflict("a's RayJob name is taken")
+
+    mirrored: list[str] = []
+    monkeypatch.setattr(handlers, "_rayjob_gone", gone)
+    monkeypatch.setattr(handlers, "_owner_ref", lambda rayjob: {"uid": "u-b"})
+    monkeypatch.setattr(handlers, "_mirror", lambda kube, j, r: mirrored.append(j["metadata"]["name"]))
+    handlers.resync_all(Kube(), OperatorConfig(), logging.getLogger("test"))  # type: ignore[arg-type]
+    assert mirrored == ["b"]

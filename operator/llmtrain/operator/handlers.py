@@ -284,9 +284,14 @@ def _mirror(kube: Kube, job: dict[str, Any], rayjob: Mapping[str, Any]) -> None:
     if _was_invalid(list(status.get("conditions") or [])):
         return  # nothing runs; the reconciler reports the spec
     update, observed = status_map.derive(dict(rayjob), status, job["metadata"].get("generation"), now())
+    write_status(kube, job, update, event=_transition(status, observed))
+
+
+def _transition(status: Mapping[str, Any], observed: status_map.Observed) -> Announcement:
+    """The Event of a phase change the RayJob caused: a Warning when it failed."""
     kind = "Warning" if observed.phase == "Failed" else "Normal"
-    transition = f"phase {status.get('phase') or 'None'} → {observed.phase}: {observed.message}"
-    write_status(kube, job, update, event=Announcement(kind, observed.reason, transition))
+    message = f"phase {status.get('phase') or 'None'} → {observed.phase}: {observed.message}"
+    return Announcement(kind, observed.reason, message)
 
 
 def _rayjob_gone(
@@ -299,9 +304,7 @@ def _rayjob_gone(
     if last is not None:
         update, observed = status_map.derive(dict(last), status, job["metadata"].get("generation"), now())
         if observed.phase in status_map.TERMINAL:  # it finished, then went: report the end
-            kind = "Warning" if observed.phase == "Failed" else "Normal"
-            message = f"phase {status.get('phase')} → {observed.phase}: {observed.message}"
-            write_status(kube, job, update, event=Announcement(kind, observed.reason, message))
+            write_status(kube, job, update, event=_transition(status, observed))
             return
     else:
         try:  # seen missing in a list: make sure before creating it again
