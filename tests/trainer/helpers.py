@@ -61,6 +61,19 @@ def tiny_config(storage: Path, name: str, **overrides: Any) -> TrainerConfig:
     return TrainerConfig.model_validate(_merge(document, overrides))
 
 
+def save_tiny_pretrained(path: Path) -> Path:
+    """A 'pretrained' checkpoint folder: a seeded tiny Llama (safetensors) and the byte tokenizer."""
+    import torch
+    from llmtrain.api.spec import ModelSpec
+    from llmtrain_trainer.model import build_from_config, model_config
+    from llmtrain_trainer.tokenizer import byte_level_tokenizer
+
+    config = model_config(ModelSpec(config=TINY_LLAMA, tokenizer="byte-level"))
+    build_from_config(config, torch.float32, meta=False, seed=7).save_pretrained(path)
+    byte_level_tokenizer().save_pretrained(path)
+    return path
+
+
 def write_config(config: TrainerConfig, path: Path) -> Path:
     path.write_text(json.dumps(config.model_dump(mode="json", by_alias=True), indent=2))
     return path

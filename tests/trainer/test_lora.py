@@ -7,27 +7,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from llmtrain.api.spec import ModelSpec
 from llmtrain_trainer.loop import LoopOptions
 from llmtrain_trainer.main import run_training
-from llmtrain_trainer.model import build_from_config, model_config
-from llmtrain_trainer.tokenizer import byte_level_tokenizer
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.trainer.helpers import TINY_LLAMA, losses, result, tiny_config
+from tests.trainer.helpers import losses, result, save_tiny_pretrained, tiny_config
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
 def pretrained(tmp_path: Path) -> Path:
-    """A 'pretrained' checkpoint folder: a seeded tiny Llama and the byte tokenizer."""
-    path = tmp_path / "base-model"
-    config = model_config(ModelSpec(config=TINY_LLAMA, tokenizer="byte-level"))
-    build_from_config(config, torch.float32, meta=False, seed=7).save_pretrained(path)
-    byte_level_tokenizer().save_pretrained(path)
-    return path
+    return save_tiny_pretrained(tmp_path / "base-model")
 
 
 def test_lora_export_loads_with_peft_and_merged(ray_address: str, storage: Path, pretrained: Path) -> None:

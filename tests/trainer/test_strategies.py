@@ -20,6 +20,9 @@ pytestmark = pytest.mark.slow
 # Each case also switches on one more feature, so the suite covers them without extra runs.
 CASES: dict[str, dict[str, Any]] = {
     "fsdp": {"strategy": {"type": "fsdp"}},
+    # Offloading moves nothing on CPU workers, but runs the GPU path: parameters materialised on
+    # the CPU, buffers on the worker's device, CPUOffloadPolicy in every FSDP group.
+    "fsdp-offload": {"strategy": {"type": "fsdp", "fsdp": {"cpuOffload": True}}},
     "zero2": {
         "strategy": {"type": "deepspeed", "deepspeed": {"zeroStage": 2}},
         "training": {"microBatchSize": 4, "gradientAccumulationSteps": 2},

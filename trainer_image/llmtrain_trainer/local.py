@@ -3,7 +3,8 @@
 The run lives in `<runs_root>/<name>/` and uses the same TrainerConfig, driver and worker loop as
 the cluster, so running the command again resumes from the latest checkpoint (and a finished run
 just prints its summary; `fresh=True` starts over). At the end it writes `summary.json` and
-`loss_curve.png` into the run directory.
+`loss_curve.png` into the run directory. Text from elsewhere (errors, paths, names) is escaped
+before rich prints it: a gloo error starts with `[/path/file.cc:129]`, which rich reads as markup.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from llmtrain.api.validation import InvalidJob, parse_job
 from llmtrain.constants import LOCAL_RUNS_DIR
 from llmtrain.render.trainer_config import local_trainer_config
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from llmtrain_trainer.progress import read_records, step_history
 from llmtrain_trainer.progress_bar import ConsoleProgress
@@ -121,7 +124,8 @@ def plot_loss_curve(run_dir: Path, path: Path) -> None:
 
 
 def print_summary(console: Console, summary: dict[str, Any]) -> None:
-    table = Table(title=f"llmtrain run summary: {Path(summary['run_dir']).name}", show_header=False)
+    title = f"llmtrain run summary: {escape(Path(summary['run_dir']).name)}"
+    table = Table(title=title, show_header=False)
     table.add_column(style="bold")
     table.add_column(overflow="fold")
 
@@ -143,7 +147,7 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
         "loss_curve",
     ):
         if key in summary and (summary[key] is not None or key in ("resumed_from_step",)):
-            table.add_row(key, fmt(summary[key]))
+            table.add_row(key, Text(fmt(summary[key])))
     console.print(table)
 
 
@@ -155,15 +159,16 @@ def run_local(
     try:
         config = load_job_config(job_file, runs_root, use_gpu)
     except InvalidJobFile as exc:
-        console.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         return 2
     run_dir = Path(config.run_dir)
     if fresh and run_dir.exists():
         shutil.rmtree(run_dir)
-        console.print(f"--fresh: removed {run_dir}; starting over")
+        console.print(f"--fresh: removed {escape(str(run_dir))}; starting over")
     if is_finished(config, read_result(run_dir)):
         console.print(
-            f"Run [bold]{config.run_name}[/bold] already finished in {run_dir}; not retraining "
+            f"Run [bold]{escape(config.run_name)}[/bold] already finished in {escape(str(run_dir))}; "
+            "not retraining "
             "(pass --fresh to start over)."
         )
         summary_file = run_dir / SUMMARY_FILE
@@ -174,7 +179,9 @@ def run_local(
         return 0
     latest = latest_checkpoint(run_dir)
     if latest is not None:
-        console.print(f"Resuming {config.run_name} from {latest.name} (pass --fresh to start over).")
+        console.print(
+            f"Resuming {escape(config.run_name)} from {escape(latest.name)} (pass --fresh to start over)."
+        )
     # Heavy imports (torch, transformers, Ray) only once there is training to do.
     import logging
 
@@ -187,14 +194,14 @@ def run_local(
     try:
         check(config)
     except PreflightError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         return 2
 
     started = time.monotonic()
     workers = config.scaling.num_workers
     console.print(
-        f"Training [bold]{config.run_name}[/bold] with {workers} {'GPU' if use_gpu else 'CPU'} workers "
-        f"({config.strategy.type}); run directory {run_dir}"
+        f"Training [bold]{escape(config.run_name)}[/bold] with {workers} {'GPU' if use_gpu else 'CPU'} "
+        f"workers ({config.strategy.type}); run directory {escape(str(run_dir))}"
     )
     ray.init(
         num_cpus=max(1, int(workers * config.scaling.cpus_per_worker)),
@@ -206,7 +213,7 @@ def run_local(
         with ConsoleProgress(run_dir / METRICS_FILE):
             run_training(config, LoopOptions(log_lines=False))
     except TrainingError as exc:
-        console.print(f"[red]training failed:[/red] {exc}", highlight=False)
+        console.print(f"[red]training failed:[/red] {escape(str(exc))}", highlight=False)
         console.print("Worker logs: /tmp/ray/session_latest/logs (worker-*.err). Run again to resume.")
         return 1
     except (KeyboardInterrupt, SystemExit):
@@ -217,7 +224,7 @@ def run_local(
     if not is_finished(config, read_result(run_dir)):
         latest = latest_checkpoint(run_dir)
         where = f"from {latest.name}" if latest else "from the start (no checkpoint was written yet)"
-        console.print(f"Stopped before the end; run the same command again to resume {where}.")
+        console.print(f"Stopped before the end; run the same command again to resume {escape(where)}.")
         return 130
     summary = build_summary(run_dir, time.monotonic() - started)
     plot_loss_curve(run_dir, run_dir / LOSS_CURVE_FILE)

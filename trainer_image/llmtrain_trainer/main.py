@@ -42,6 +42,14 @@ def worker_env_vars(config: TrainerConfig) -> dict[str, str]:
     return env
 
 
+def process_group_backend(config: TrainerConfig) -> str | None:
+    """None lets Ray pick (NCCL on GPUs, gloo on CPUs). FSDP CPU offload on GPUs adds gloo for
+    CPU tensors: its sharded gradients live on the CPU, where gradient clipping reduces them."""
+    fsdp = config.strategy.fsdp
+    offload = config.strategy.type == "fsdp" and fsdp is not None and fsdp.cpu_offload
+    return "cpu:gloo,cuda:nccl" if offload and config.scaling.use_gpu else None
+
+
 def build_trainer(config: TrainerConfig, options: LoopOptions | None = None) -> object:
     """The V2 TorchTrainer for this config (not started)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -56,7 +64,9 @@ def build_trainer(config: TrainerConfig, options: LoopOptions | None = None) -> 
             "trainer_config": config.model_dump(mode="json", by_alias=True),
             "options": (options or LoopOptions()).to_dict(),
         },
-        torch_config=TorchConfig(timeout_s=config.collective_timeout_seconds),
+        torch_config=TorchConfig(
+            backend=process_group_backend(config), timeout_s=config.collective_timeout_seconds
+        ),
         scaling_config=ScalingConfig(
             num_workers=config.scaling.num_workers,
             use_gpu=config.scaling.use_gpu,

@@ -52,12 +52,13 @@ def model_config(spec: ModelSpec) -> PretrainedConfig:
     except (OSError, ValueError) as exc:
         where = "path" if Path(spec.name).is_absolute() else "hub id or path"
         raise ModelError(
-            f"model.name {spec.name!r}: cannot load its config as a {where} ({_first_line(exc)})"
+            f"model.name {spec.name!r}: cannot load its config as a {where} ({first_line(exc)})"
         ) from exc
     return config
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its class name when the message is empty)."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
@@ -108,39 +109,14 @@ def build_from_config(
     return model
 
 
-def load_pretrained(spec: ModelSpec, dtype: torch.dtype) -> PreTrainedModel:
-    """`from_pretrained` on CPU (under ZeRO-3's zero.Init when an HfDeepSpeedConfig is alive)."""
-    assert spec.name is not None
+def load_pretrained(folder: Path, spec: ModelSpec, dtype: torch.dtype) -> PreTrainedModel:
+    """`from_pretrained` from a local folder (weights.py), on CPU; under ZeRO-3's zero.Init when an
+    HfDeepSpeedConfig is alive, which makes it a collective that every rank must enter together."""
     model = AutoModelForCausalLM.from_pretrained(
-        spec.name,
-        revision=spec.revision,
-        trust_remote_code=spec.trust_remote_code,
-        token=hf_token(),
-        dtype=dtype,
+        folder, trust_remote_code=spec.trust_remote_code, dtype=dtype
     )
     assert isinstance(model, PreTrainedModel)
     return model
-
-
-def weights_path(spec: ModelSpec) -> Path | None:
-    """A local folder holding the model's safetensors files (a path, or the hub snapshot in HF_HOME)."""
-    assert spec.name is not None
-    candidate = Path(spec.name)
-    if not candidate.is_dir():
-        from huggingface_hub import snapshot_download
-
-        try:
-            candidate = Path(
-                snapshot_download(
-                    spec.name,
-                    revision=spec.revision,
-                    token=hf_token(),
-                    allow_patterns=["*.safetensors", "*.json"],
-                )
-            )
-        except Exception:
-            return None
-    return candidate if any(candidate.glob("*.safetensors")) else None
 
 
 def apply_lora(model: nn.Module, method: MethodSpec) -> nn.Module:
@@ -160,7 +136,7 @@ def apply_lora(model: nn.Module, method: MethodSpec) -> nn.Module:
     try:
         return get_peft_model(model, config)  # type: ignore[arg-type]
     except ValueError as exc:
-        raise ModelError(f"method.lora.targetModules {lora.target_modules}: {_first_line(exc)}") from exc
+        raise ModelError(f"method.lora.targetModules {lora.target_modules}: {first_line(exc)}") from exc
 
 
 def reset_lora_parameters(model: nn.Module) -> None:

@@ -71,6 +71,8 @@ class ConsoleProgress:
                 continue
 
     def show(self, record: MetricsRecord) -> None:
+        from rich.markup import escape  # paths and messages are shown as they are, never as markup
+
         progress, task = self._progress, self._task
         if record.event == "step":
             stats = f"loss {record.loss:.4f}"
@@ -85,8 +87,8 @@ class ConsoleProgress:
         elif record.event == "started":
             progress.update(task, total=record.total_steps, completed=record.step, stats="training…")
         elif record.event == "checkpoint":
-            progress.console.print(f"[dim]checkpoint at step {record.step}: {record.path}[/dim]")
+            progress.console.print(f"[dim]checkpoint at step {record.step}: {escape(str(record.path))}[/dim]")
         elif record.event == "validation":
             progress.console.print(f"validation loss at step {record.step}: {record.val_loss:.4f}")
         elif record.event == "exported":
-            progress.console.print(f"[green]exported[/green] {record.path}")
+            progress.console.print(f"[green]exported[/green] {escape(str(record.path))}")

@@ -10,9 +10,10 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions
 from torch.nn.parallel import DistributedDataParallel
 
 from llmtrain_trainer import model as models
-from llmtrain_trainer.distributed import WorkerEnv, rank_zero_first
+from llmtrain_trainer.distributed import WorkerEnv
 from llmtrain_trainer.optim import build_optimizer, build_scheduler
 from llmtrain_trainer.strategies.torch_native import TorchNativeStrategy
+from llmtrain_trainer.weights import fetch_weights
 
 if TYPE_CHECKING:
     from llmtrain.api.trainer_config import TrainerConfig
@@ -26,8 +27,8 @@ class DdpStrategy(TorchNativeStrategy):
     ) -> None:
         super().__init__(config, env, total_steps, initial_weights)
         if models.is_pretrained(config.model) and self.initial_weights:
-            with rank_zero_first(env):  # one download into the shared Hugging Face cache
-                base: torch.nn.Module = models.load_pretrained(config.model, torch.float32)
+            folder = fetch_weights(config.model, env)
+            base: torch.nn.Module = models.load_pretrained(folder, config.model, torch.float32)
         else:
             base = models.build_from_config(
                 models.model_config(config.model), torch.float32, meta=False, seed=config.training.seed

@@ -16,9 +16,10 @@ import torch
 from llmtrain.api.spec import DeepSpeedSpec, TrainingSpec
 
 from llmtrain_trainer import model as models
-from llmtrain_trainer.distributed import WorkerEnv, rank_zero_first
+from llmtrain_trainer.distributed import WorkerEnv
 from llmtrain_trainer.optim import build_optimizer, build_scheduler
 from llmtrain_trainer.strategies.base import Strategy
+from llmtrain_trainer.weights import fetch_weights
 
 if TYPE_CHECKING:
     from llmtrain.api.trainer_config import TrainerConfig
@@ -112,8 +113,9 @@ class DeepSpeedStrategy(Strategy):
         hf_ds_config = HfDeepSpeedConfig(self.ds_config)  # type: ignore[no-untyped-call]
 
         if models.is_pretrained(config.model) and self.initial_weights:
-            with rank_zero_first(env):  # one download into the shared Hugging Face cache
-                model: torch.nn.Module = models.load_pretrained(config.model, self.dtype)
+            folder = fetch_weights(config.model, env)
+            # Every rank at once: under ZeRO-3 the load broadcasts and gathers (zero.Init).
+            model: torch.nn.Module = models.load_pretrained(folder, config.model, self.dtype)
         else:
             model = models.build_from_config(hf_config, self.dtype, meta=False, seed=config.training.seed)
         del hf_ds_config

@@ -10,6 +10,7 @@ directories, which reshard on load when the world size changes.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,9 +30,10 @@ from torch.distributed.fsdp import (
 )
 
 from llmtrain_trainer import model as models
-from llmtrain_trainer.distributed import WorkerEnv, rank_zero_first
+from llmtrain_trainer.distributed import WorkerEnv
 from llmtrain_trainer.optim import build_optimizer, build_scheduler
 from llmtrain_trainer.strategies.torch_native import TorchNativeStrategy
+from llmtrain_trainer.weights import fetch_weights, has_safetensors
 
 if TYPE_CHECKING:
     from llmtrain.api.trainer_config import TrainerConfig
@@ -55,13 +57,11 @@ class FsdpStrategy(TorchNativeStrategy):
         model = models.apply_lora(model, config.method)
         if config.training.gradient_checkpointing:
             models.enable_gradient_checkpointing(model)
-        buffers = {name: buf.detach().clone() for name, buf in model.named_buffers()}
+        buffers = {name: buf.detach().clone() for name, buf in model.named_buffers(remove_duplicate=False)}
 
         self.sharded = shard(model, env, spec, self.dtype)
-        model.to_empty(device=env.device)
-        with torch.no_grad():
-            for name, buf in model.named_buffers():
-                buf.copy_(buffers[name])
+        model.to_empty(device=parameter_device(spec.cpu_offload, env.device))
+        _restore_buffers(model, buffers, env.device)
         if self.initial_weights:
             self._load_initial_weights(model, hf_config)
 
@@ -76,16 +76,17 @@ class FsdpStrategy(TorchNativeStrategy):
 
     def _load_initial_weights(self, model: nn.Module, hf_config: Any) -> None:
         spec = self.config.model
-        if models.is_pretrained(spec) and self._load_pretrained_shards(model):
+        folder = fetch_weights(spec, self.env) if models.is_pretrained(spec) else None
+        if folder is not None and self._load_pretrained_shards(model, folder):
             if self.lora:
                 torch.manual_seed(self.config.training.seed)
                 models.reset_lora_parameters(model)
             return
         full: dict[str, Any] = {}
         if self.env.is_main:
-            if models.is_pretrained(spec):
-                log.info("loading %s on rank 0 and broadcasting it", spec.name)
-                reference: nn.Module = models.load_pretrained(spec, torch.float32)
+            if folder is not None:
+                log.warning("loading all of %s in fp32 on rank 0 and broadcasting it", spec.name)
+                reference: nn.Module = models.load_pretrained(folder, spec, torch.float32)
             else:
                 reference = models.build_from_config(
                     hf_config, torch.float32, meta=False, seed=self.config.training.seed
@@ -99,11 +100,10 @@ class FsdpStrategy(TorchNativeStrategy):
             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False),
         )
 
-    def _load_pretrained_shards(self, model: nn.Module) -> bool:
+    def _load_pretrained_shards(self, model: nn.Module, folder: Path) -> bool:
         """Each rank reads its own slices straight from the safetensors files, if names match."""
-        with rank_zero_first(self.env):  # one download into the shared Hugging Face cache
-            folder = models.weights_path(self.config.model)
-        if folder is None:
+        if not has_safetensors(folder):
+            log.warning("%s has no safetensors files; loading it on rank 0 instead", folder)
             return False
         reader = HuggingFaceStorageReader(str(folder))
         available = set(reader.read_metadata().state_dict_metadata)
@@ -119,7 +119,7 @@ class FsdpStrategy(TorchNativeStrategy):
             else set()
         )
         if missing - tied:
-            log.info(
+            log.warning(
                 "checkpoint names differ from the model's (%s...); loading on rank 0 instead",
                 sorted(missing)[:3],
             )
@@ -150,12 +150,8 @@ def shard(model: nn.Module, env: WorkerEnv, spec: FsdpSpec, dtype: torch.dtype) 
         if dtype != torch.float32
         else MixedPrecisionPolicy()
     )
-    offload: OffloadPolicy = OffloadPolicy()
-    if spec.cpu_offload:
-        if env.on_gpu:
-            offload = CPUOffloadPolicy()
-        else:
-            log.info("strategy.fsdp.cpuOffload has no effect on CPU workers")
+    # On CPU workers offloading changes nothing, but it runs the same code as on GPUs (tests).
+    offload = CPUOffloadPolicy(pin_memory=env.on_gpu) if spec.cpu_offload else OffloadPolicy()
     sharded: list[FSDPModule] = []
     for block in models.transformer_blocks(model):
         fully_shard(
@@ -173,6 +169,23 @@ def shard(model: nn.Module, env: WorkerEnv, spec: FsdpSpec, dtype: torch.dtype) 
         for module in sharded:
             module.set_force_sum_reduction_for_comms(True)
     return sharded
+
+
+def parameter_device(cpu_offload: bool, device: torch.device) -> torch.device:
+    """Where the sharded parameters are materialised.
+
+    Under CPU offload FSDP2 keeps them on the CPU and copies each group to the GPU for its
+    all-gather; it refuses parameters found on the GPU at the first forward.
+    """
+    return torch.device("cpu") if cpu_offload else device
+
+
+def _restore_buffers(model: nn.Module, saved: dict[str, torch.Tensor], device: torch.device) -> None:
+    """Put back the buffers `to_empty` left uninitialised, on the worker's device (never offloaded)."""
+    for prefix, module in model.named_modules():
+        for name, buffer in module._buffers.items():
+            if buffer is not None:
+                module._buffers[name] = saved[f"{prefix}.{name}" if prefix else name].to(device)
 
 
 def _grad_scaler(dtype: torch.dtype) -> Any:
