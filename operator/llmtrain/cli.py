@@ -19,7 +19,7 @@ import yaml
 from llmtrain import plain_yaml
 from llmtrain.api.crd import crd_yaml
 from llmtrain.api.validation import InvalidJob, Problem, parse_job
-from llmtrain.constants import LOCAL_RUNS_DIR
+from llmtrain.constants import LOCAL_RUNS_DIR, OPERATOR_NAME
 from llmtrain.operator.config import DEFAULT_RESYNC_SECONDS, DEFAULT_WORKERS
 
 TRAINERS_GROUP = "llmtrain.trainers"
@@ -178,6 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-format", choices=["json", "plain"], default="json")
     p.add_argument("--trainer-image", help="default trainer image for jobs that set none")
     p.add_argument(
+        "--image-pull-secret",
+        action="append",
+        default=[],
+        help="a Secret (in each job's namespace) every trainer pod pulls with (repeatable)",
+    )
+    p.add_argument(
         "--workers", type=int, default=DEFAULT_WORKERS, help="handler threads (and API connections)"
     )
     p.add_argument(
@@ -185,6 +191,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=DEFAULT_RESYNC_SECONDS,
         help="re-derive every job's status from its RayJob this often (missed events, failed writes)",
+    )
+    p.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="stand by until this process holds a coordination.k8s.io Lease (several replicas)",
+    )
+    p.add_argument("--leader-election-name", default=OPERATOR_NAME, help="the Lease's name")
+    p.add_argument(
+        "--leader-election-namespace",
+        help="the Lease's namespace (default: the pod's own namespace)",
+    )
+    p.add_argument(
+        "--lease-seconds", type=int, default=15, help="a leader that stops renewing is replaced after this"
     )
     p.set_defaults(func=cmd_operator)
     return parser

@@ -27,6 +27,13 @@ JOB_LABEL = f"{API_GROUP}/job"  # every child: the LLMTrainingJob it belongs to
 ROLE_LABEL = f"{API_GROUP}/role"  # Ray pods: head or worker
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# On a queued job's RayJob: its user asked to suspend it (runPolicy.suspend). Kueue owns the RayJob's
+# `suspend`, so the operator deactivates the job's Kueue Workload instead, and says so in the status.
+SUSPENDED_BY_USER_ANNOTATION = f"{API_GROUP}/suspended"
+# Kueue's Workload of a job: the API the operator patches, and the label naming the job's uid.
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSION = "v1beta2"
+KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 
 # The trainer config: rendered into the job's ConfigMap, mounted at CONFIG_DIR on every Ray pod.
 CONFIG_DIR = "/etc/llmtrain"

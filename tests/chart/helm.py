@@ -61,13 +61,14 @@ def render_templates(
     api_versions: tuple[str, ...] = (),
     kube_version: str | None = None,
     namespace: str = NAMESPACE,
+    release: str = RELEASE,
 ) -> dict[str, str]:
     """Template path -> rendered text, NOTES.txt included."""
     if not api_versions and kube_version is None:
-        return chart().render(values or {}, name=RELEASE, namespace=namespace)
+        return chart().render(values or {}, name=release, namespace=namespace)
     # helm-python-sdk 0.2.2's Chart.render does not forward these two options, although the
     # library's helm_render accepts them (the --api-versions/--kube-version of `helm template`).
-    opts: dict[str, Any] = {"name": RELEASE, "namespace": namespace, "api_versions": list(api_versions)}
+    opts: dict[str, Any] = {"name": release, "namespace": namespace, "api_versions": list(api_versions)}
     if kube_version is not None:
         opts["kube_version"] = kube_version
     rendered = _native.call_string("helm_render", chart()._raw(), json.dumps(values or {}), json.dumps(opts))

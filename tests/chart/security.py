@@ -17,6 +17,28 @@ RESTRICTED_VOLUMES = {
     "projected",
     "secret",
 }
+# SELinux types the baseline (and so restricted) profile allows; no custom user or role.
+CONFINED_SELINUX_TYPES = {"", "container_t", "container_init_t", "container_kvm_t"}
+
+
+def _profile_problems(where: str, sc: Obj) -> list[str]:
+    """seccomp, AppArmor and SELinux settings of one pod or container securityContext."""
+    problems: list[str] = []
+    for field in ("seccompProfile", "appArmorProfile"):
+        profile = sc.get(field)
+        if profile is None:
+            continue
+        if profile.get("type") not in {"RuntimeDefault", "Localhost"}:
+            problems.append(f"{where} {field} is {profile.get('type')}")
+        if (profile.get("type") == "Localhost") != bool(profile.get("localhostProfile")):
+            problems.append(f"{where} {field}: localhostProfile goes with type Localhost only")
+    selinux = sc.get("seLinuxOptions", {})
+    if selinux.get("type", "") not in CONFINED_SELINUX_TYPES:
+        problems.append(f"{where} SELinux type {selinux['type']}")
+    for field in ("user", "role"):
+        if selinux.get(field):
+            problems.append(f"{where} sets SELinux {field}")
+    return problems
 
 
 def restricted_violations(pod: Obj) -> list[str]:
@@ -29,6 +51,9 @@ def restricted_violations(pod: Obj) -> list[str]:
         problems.append("pod runs as uid 0")
     if pod_sc.get("seccompProfile", {}).get("type") not in {"RuntimeDefault", "Localhost"}:
         problems.append("pod seccompProfile is not RuntimeDefault/Localhost")
+    problems += _profile_problems("pod", pod_sc)
+    if pod_sc.get("sysctls"):
+        problems.append("pod sets sysctls")
     for field in ("hostNetwork", "hostPID", "hostIPC"):
         if pod.get(field):
             problems.append(f"pod sets {field}")
@@ -56,6 +81,9 @@ def restricted_violations(pod: Obj) -> list[str]:
             problems.append(f"{name}: runs as uid 0")
         if sc.get("seccompProfile", {}).get("type") not in {"RuntimeDefault", "Localhost"}:
             problems.append(f"{name}: container seccompProfile is not RuntimeDefault/Localhost")
+        problems += _profile_problems(f"{name}:", sc)
+        if sc.get("procMount", "Default") != "Default":
+            problems.append(f"{name}: procMount {sc['procMount']}")
         for port in container.get("ports", []):
             if "hostPort" in port:
                 problems.append(f"{name}: hostPort {port['hostPort']}")

@@ -17,12 +17,14 @@ import celpy.adapter
 import celpy.evaluation
 import pytest
 import yaml
+from llmtrain.api.crd import CRD_FILENAME
 from llmtrain.api.status import PHASES
 from lupa import lua51
 
-from tests.chart.helm import ROOT
+from tests.chart.helm import ALL_SETS, CHART, ROOT, find, render_set
 
 DOC = (ROOT / "docs" / "argocd.md").read_text()
+README = (CHART / "README.md").read_text()
 HEALTH_KEY = "resource.customizations.health.llmtrain.dev_LLMTrainingJob"
 IGNORE_KEY = "resource.customizations.ignoreResourceUpdates.llmtrain.dev_LLMTrainingJob"
 ARGO_HEALTH = {"Healthy", "Progressing", "Degraded", "Suspended", "Missing", "Unknown"}
@@ -176,3 +178,67 @@ def test_flux_health_check_expressions(phase: str, status: str) -> None:
 def test_flux_waits_while_there_is_no_status() -> None:
     """Documented behaviour: no status yet is an expression error, which Flux keeps retrying."""
     assert flux_status(job()) == "Error"
+
+
+# --- The CRD's lifecycle under GitOps ------------------------------------------------------------
+
+
+def _documents(kind: str) -> list[dict[str, Any]]:
+    return [b for b in _yaml_blocks() if isinstance(b, dict) and b.get("kind") == kind]
+
+
+def test_flux_helmrelease_installs_and_upgrades_the_crd() -> None:
+    """Flux's upgrade default (`Skip`) would freeze the CRD at its first version."""
+    (release,) = _documents("HelmRelease")
+    assert release["apiVersion"] == "helm.toolkit.fluxcd.io/v2"
+    spec = release["spec"]
+    assert spec["install"]["crds"] == spec["upgrade"]["crds"] == "CreateReplace"
+    # The chart it names is this one, and what CreateReplace applies is its crds/ directory.
+    chart_path = ROOT / spec["chart"]["spec"]["chart"].removeprefix("./")
+    assert chart_path == CHART
+    assert (chart_path / "crds" / CRD_FILENAME).is_file()
+    assert spec["chart"]["spec"]["sourceRef"]["kind"] == "GitRepository"
+    assert spec["chart"]["spec"]["reconcileStrategy"] == "Revision"
+    # After KubeRay: the dependency is the KubeRay release the Argo CD example installs.
+    (kuberay,) = [a for a in _documents("Application") if a["metadata"]["name"] == "kuberay-operator"]
+    assert spec["dependsOn"] == [
+        {"name": "kuberay-operator", "namespace": kuberay["spec"]["destination"]["namespace"]}
+    ]
+
+
+def test_argocd_applications_apply_the_crd_server_side() -> None:
+    apps = {a["metadata"]["name"]: a for a in _documents("Application")}
+    assert set(apps) == {"kuberay-operator", "llmtrain"}
+    for app in apps.values():
+        assert "ServerSideApply=true" in app["spec"]["syncPolicy"]["syncOptions"]
+    source = apps["llmtrain"]["spec"]["source"]
+    assert (ROOT / source["path"] / "crds" / CRD_FILENAME).is_file()
+    assert not source.get("helm", {}).get("skipCrds"), "the CRD must stay part of the Application"
+    # The documented non-cascading delete names this Application.
+    assert "argocd app delete llmtrain --cascade=false" in DOC
+
+
+def test_only_a_templated_crd_could_carry_the_keep_policy() -> None:
+    """The docs say the CRD is not templated, so `helm.sh/resource-policy: keep` has nothing to
+    guard. Should a template ever render a CRD, it must carry the policy (Helm would otherwise
+    delete it, with every job, on uninstall) and the docs must change."""
+    for value_set in ALL_SETS:
+        for crd in find(render_set(value_set), "CustomResourceDefinition"):
+            assert crd["metadata"].get("annotations", {}).get("helm.sh/resource-policy") == "keep"
+        assert not find(render_set(value_set), "CustomResourceDefinition"), "update README and docs/argocd.md"
+    assert "The CRD ships in `crds/` only" in README
+    assert "carries no `helm.sh/resource-policy: keep`" in DOC
+
+
+def test_documented_server_side_applies_force_conflicts() -> None:
+    """A server-side apply over fields Helm set conflicts with the `helm` field manager."""
+    commands = re.findall(r"kubectl apply --server-side[^\n`]*", README + DOC)
+    assert commands
+    for command in commands:
+        assert "--force-conflicts" in command, command
+    assert "kubectl apply --server-side --force-conflicts -f charts/llmtrain/crds/" in README
+    assert (CHART / "crds" / CRD_FILENAME).is_file()
+    # "under 100 KiB": a client-side apply's last-applied annotation (256 KiB at most) would fit.
+    size = (CHART / "crds" / CRD_FILENAME).stat().st_size
+    assert size < 100 * 1024, size
+    assert "LLMTrainingJob CRD (under 100 KiB)" in README

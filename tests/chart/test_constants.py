@@ -14,25 +14,42 @@ from pathlib import Path
 
 import llmtrain
 import yaml
+from llmtrain.api.crd import CRD_FILENAME
+from llmtrain.api.pod_template import VOLUME_SOURCES
 from llmtrain.api.validation import parse_job
 from llmtrain.cli import build_parser
 from llmtrain.constants import (
     API_GROUP,
+    API_VERSION,
     DEFAULT_MOUNT_PATH,
     DEFAULT_TRAINER_IMAGE,
     EXPORT_DIR,
+    JOB_LABEL,
+    KIND,
     KUBERAY_VERSION,
+    MANAGED_BY_LABEL,
     OPERATOR_IMAGE_REPOSITORY,
+    OPERATOR_NAME,
+    PLURAL,
     RAY_VERSION,
     TRAINER_IMAGE_REPOSITORY,
     VERSION,
 )
 from llmtrain.render import ImageSettings, render
+from llmtrain.render.names import (
+    MAX_CHILD_NAME,
+    child_name,
+    configmap_name,
+    pvc_name,
+    rayjob_name,
+    trainer_account_name,
+)
 from llmtrain.render.rayjob import ENTRYPOINT
+from llmtrain.render.rbac import trainer_rules
 from llmtrain_trainer.rundir import CHECKPOINT_PREFIX
 from packaging.requirements import Requirement
 
-from tests.chart.helm import CHART, ROOT, notes, operator_container, operator_deployment, render_set
+from tests.chart.helm import CHART, ROOT, notes, one, operator_container, operator_deployment, render_set
 from tests.support.jobs import minimal_job
 
 CHART_YAML = yaml.safe_load((CHART / "Chart.yaml").read_text())
@@ -90,6 +107,41 @@ def test_the_chart_releases_the_constant_version_and_images() -> None:
     assert notes().startswith(f"llmtrain {VERSION} is installed")
 
 
+def test_the_artifact_hub_annotations_name_the_released_images_crd_and_example() -> None:
+    """Artifact Hub lists what a default install pulls and serves; it must be this release's."""
+    annotations = CHART_YAML["annotations"]
+    images = yaml.safe_load(annotations["artifacthub.io/images"])
+    assert images == [
+        {"name": "operator", "image": f"{OPERATOR_IMAGE_REPOSITORY}:{VERSION}"},
+        {"name": "trainer", "image": DEFAULT_TRAINER_IMAGE},
+    ]
+    # ... which are the images a default install runs.
+    container = operator_container(render_set("default"))
+    args = container["args"]
+    assert [i["image"] for i in images] == [container["image"], args[args.index("--trainer-image") + 1]]
+    crd = yaml.safe_load((CHART / "crds" / CRD_FILENAME).read_text())
+    (listed,) = yaml.safe_load(annotations["artifacthub.io/crds"])
+    assert (
+        (listed["kind"], listed["version"], listed["name"])
+        == (
+            crd["spec"]["names"]["kind"],
+            crd["spec"]["versions"][0]["name"],
+            crd["metadata"]["name"],
+        )
+        == (KIND, API_VERSION, f"{PLURAL}.{API_GROUP}")
+    )
+    assert listed["description"] == crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["description"]
+    (example,) = yaml.safe_load(annotations["artifacthub.io/crdsExamples"])
+    assert example == yaml.safe_load(_text(ROOT / "examples" / "tiny-cpu.yaml"))
+    parse_job(example)
+    assert annotations["artifacthub.io/license"] == "Apache-2.0"
+    assert "Apache License" in _text(ROOT / "LICENSE") and "Version 2.0" in _text(ROOT / "LICENSE")
+    assert annotations["artifacthub.io/operator"] == "true"
+    # No URL beyond the project's own repository.
+    assert CHART_YAML["home"] == CHART_YAML["sources"][0] == "https://github.com/llmtrain/llmtrain"
+    assert all(m["url"] == CHART_YAML["home"] for m in CHART_YAML["maintainers"])
+
+
 def test_the_chart_defaults_are_the_operators_own() -> None:
     """A default install runs `llmtrain operator` as if with no flags but the trainer image."""
     args = operator_container(render_set("default"))["args"]
@@ -131,7 +183,7 @@ def _test_tier_kuberay() -> str:
     (version,) = re.findall(
         r"github\.com/ray-project/kuberay/ray-operator (v\S+)", _text(ROOT / "hack/tools/kuberay/go.mod")
     )
-    return version
+    return str(version)
 
 
 def test_docs_name_the_constant_kuberay_version() -> None:
@@ -207,3 +259,54 @@ def test_the_trainer_image_caches_where_a_default_job_points_it() -> None:
     head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     rendered = next(e["value"] for e in head["env"] if e["name"] == "HF_HOME")
     assert re.findall(r"HF_HOME=(\S+)", _text(ROOT / "trainer_image" / "Dockerfile")) == [rendered]
+
+
+# -------------------------------------------------------------------------- the containment policy
+
+
+def _cel_string(expression: str) -> str:
+    assert expression.startswith("'") and expression.endswith("'") and expression.count("'") == 2, expression
+    return expression[1:-1]
+
+
+def test_the_containment_policy_names_the_constant_marks_and_names() -> None:
+    """templates/admission-policy.yaml spells the operator's labels, its API and the renderer's child
+    names as CEL literals (its `variables`); they are these. tests/chart/test_containment.py runs the
+    policy on rendered children."""
+    policy = one(render_set("default"), "ValidatingAdmissionPolicy")
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    literals = {
+        "managedByKey": MANAGED_BY_LABEL,
+        "operatorName": OPERATOR_NAME,
+        "jobKey": JOB_LABEL,
+        "apiGroup": API_GROUP,
+        "ownerKind": KIND,
+        "statusResource": f"{PLURAL}/status",
+        "trainerSuffix": trainer_account_name("j")[1:],
+    }
+    assert {name: _cel_string(variables[name]) for name in literals} == literals
+    assert int(variables["maxName"]) == MAX_CHILD_NAME
+    suffixes = {
+        "rayjobs": rayjob_name("j")[1:],
+        "configmaps": configmap_name("j")[1:],
+        "persistentvolumeclaims": pvc_name("j")[1:],
+        "serviceaccounts": trainer_account_name("j")[1:],
+        "roles": trainer_account_name("j")[1:],
+        "rolebindings": trainer_account_name("j")[1:],
+    }
+    for resource, suffix in suffixes.items():
+        assert f"'{resource}': '{suffix}'" in " ".join(variables["suffix"].split()), resource
+    # A hashed name is "<prefix>-<5 hex digits><suffix>", the form the policy accepts past the limit.
+    long = "j" * MAX_CHILD_NAME
+    assert re.fullmatch(rf"j+-[0-9a-f]{{5}}{suffixes['configmaps']}", child_name(long, "config"))
+    # The pods' volumes: the kinds spec.podTemplate may add, which restricted Pod Security admits.
+    allowed = set(re.findall(r"has\(v\.(\w+)\)", variables["podVolumesAreOwn"]))
+    assert allowed == set(VOLUME_SOURCES)
+    # The trainer's Role holds one rule, the one the policy allows.
+    (rule,) = trainer_rules(parse_job(minimal_job("j")))
+    assert rule == {
+        "apiGroups": [API_GROUP],
+        "resources": [f"{PLURAL}/status"],
+        "resourceNames": ["j"],
+        "verbs": ["patch"],
+    }

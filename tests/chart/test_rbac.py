@@ -14,8 +14,8 @@ import helm_python
 import pytest
 import yaml
 from llmtrain.api.validation import parse_job
-from llmtrain.generate import operator_rules_yaml
-from llmtrain.operator.permissions import OPERATOR_PERMISSIONS
+from llmtrain.generate import rules_yaml
+from llmtrain.operator.permissions import ELECTION_PERMISSIONS, OPERATOR_PERMISSIONS
 from llmtrain.render.rbac import trainer_rules
 
 from tests.chart.helm import ALL_SETS, CHART, NAMESPACE, Obj, find, load_values, one, render, render_set
@@ -44,7 +44,36 @@ def operator_roles(objects: tuple[Obj, ...] | list[Obj]) -> list[Obj]:
 
 
 def test_rules_file_is_generated_from_the_permission_list() -> None:
-    assert (CHART / "files" / "operator-rules.yaml").read_text() == operator_rules_yaml()
+    assert (CHART / "files" / "operator-rules.yaml").read_text() == rules_yaml(OPERATOR_PERMISSIONS)
+    assert (CHART / "files" / "election-rules.yaml").read_text() == rules_yaml(ELECTION_PERMISSIONS)
+
+
+def test_leader_election_rights_are_one_role_in_the_release_namespace() -> None:
+    """The Lease is the operator's only write outside the jobs' namespaces, and it stays in its own."""
+    objects = render({})
+    role = one(objects, "Role")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert triples(role) == {
+        ("coordination.k8s.io", "leases", verb) for p in ELECTION_PERMISSIONS for verb in p.verbs
+    }
+    binding = one(objects, "RoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert (
+        binding["subjects"][0]["name"]
+        == one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    )
+    args = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--leader-elect" in args
+    assert args[args.index("--leader-election-namespace") + 1] == NAMESPACE
+    disabled = render({"leaderElection": {"enabled": False}})
+    assert not find(disabled, "Role") and "--leader-elect" not in str(disabled)
+    assert one(disabled, "Deployment")["spec"]["strategy"]["type"] == "Recreate"
+    assert one(objects, "Deployment")["spec"]["strategy"]["type"] == "RollingUpdate"
+
+
+def test_more_than_one_replica_without_leader_election_is_refused() -> None:
+    with pytest.raises(helm_python.HelmRenderError, match=r"leaderElection\.enabled is false"):
+        render({"replicaCount": 2, "leaderElection": {"enabled": False}})
 
 
 def test_expected_triples_are_not_empty() -> None:

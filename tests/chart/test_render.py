@@ -37,7 +37,14 @@ from tests.chart.helm import (
     render_templates,
 )
 
-CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "Namespace", "CustomResourceDefinition"}
+CLUSTER_SCOPED = {
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Namespace",
+    "CustomResourceDefinition",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
 
 # monitoring.coreos.com/v1 ServiceMonitor is a CRD type, absent from kubernetes-validate's schemas.
 # This checks the fields the chart writes against the Prometheus Operator's API (v0.80+) and, with
@@ -150,14 +157,18 @@ def test_default_rendering() -> None:
         "ClusterRole",
         "ClusterRoleBinding",
         "Deployment",
+        "Role",
+        "RoleBinding",
         "Service",
         "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ]
     deployment = operator_deployment(objects)
     assert deployment["metadata"]["name"] == "llmtrain-operator"
     assert deployment["metadata"]["namespace"] == NAMESPACE
     assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate"}
     pod = deployment["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "llmtrain-operator"
     assert pod["automountServiceAccountToken"] is True
@@ -177,6 +188,13 @@ def test_default_rendering() -> None:
         "json",
         "--trainer-image",
         DEFAULT_TRAINER_IMAGE,
+        "--leader-elect",
+        "--leader-election-name",
+        "llmtrain-operator",
+        "--leader-election-namespace",
+        NAMESPACE,
+        "--lease-seconds",
+        "15",
     ]
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"liveness": 8080, "metrics": 9090}
     for probe in ("startupProbe", "livenessProbe"):
@@ -185,7 +203,9 @@ def test_default_rendering() -> None:
     assert container["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
     assert pod["volumes"] == [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
     assert one(objects, "ServiceAccount")["automountServiceAccountToken"] is False
-    for absent in ("ServiceMonitor", "NetworkPolicy", "PodDisruptionBudget", "ConfigMap", "Role"):
+    (election,) = (o for o in objects if o["kind"] == "Role")
+    assert election["metadata"]["name"] == "llmtrain-operator-leader-election"
+    for absent in ("ServiceMonitor", "NetworkPolicy", "PodDisruptionBudget", "ConfigMap"):
         assert not find(objects, absent)
 
 
@@ -223,14 +243,33 @@ def test_custom_images() -> None:
     objects = render_set("custom-images")
     values = load_values("custom-images")
     container = operator_container(objects)
-    assert container["image"] == (
-        f"{values['image']['repository']}:{values['image']['tag']}@{values['image']['digest']}"
-    )
+    # A digest pins the image; the tag (kept in values for readability) is not part of it.
+    assert container["image"] == f"{values['image']['repository']}@{values['image']['digest']}"
     assert container["imagePullPolicy"] == "Always"
     trainer = container["args"][container["args"].index("--trainer-image") + 1]
     assert trainer == "registry.example.com/mirror/llmtrain/trainer:0.2.0-rc.1-cuda12"
     pod = operator_deployment(objects)["spec"]["template"]["spec"]
     assert pod["imagePullSecrets"] == [{"name": "registry-credentials"}]
+
+
+DIGEST = "sha256:" + "ab" * 32
+
+
+@pytest.mark.parametrize(
+    ("image", "expected"),
+    [
+        ({}, "{repository}:" + VERSION),
+        ({"tag": "0.2.0"}, "{repository}:0.2.0"),
+        ({"digest": DIGEST}, "{repository}@" + DIGEST),
+        ({"tag": "0.2.0", "digest": DIGEST}, "{repository}@" + DIGEST),
+    ],
+    ids=["default", "tag", "digest", "digest-over-tag"],
+)
+def test_a_digest_pins_both_images(image: dict[str, str], expected: str) -> None:
+    container = operator_container(render({"image": image, "trainerImage": image}))
+    assert container["image"] == expected.format(repository=OPERATOR_IMAGE_REPOSITORY)
+    trainer = container["args"][container["args"].index("--trainer-image") + 1]
+    assert trainer == expected.format(repository=DEFAULT_TRAINER_IMAGE.rsplit(":", 1)[0])
 
 
 def test_resources_and_probe_timings() -> None:
@@ -269,8 +308,8 @@ def test_pod_disruption_budget_selects_operator_pods() -> None:
     assert not find(
         render({"replicaCount": 2, "podDisruptionBudget": {"enabled": False}}), "PodDisruptionBudget"
     )
-    assert "WARNING: replicaCount is 2" in notes({"replicaCount": 2})
-    assert "WARNING: replicaCount" not in notes()
+    assert "2 operator replicas: the holder of the Lease" in notes({"replicaCount": 2})
+    assert "operator replicas" not in notes()
 
 
 def test_service_monitor() -> None:
@@ -338,6 +377,7 @@ def test_everything_set_names_and_flags() -> None:
     assert {o["metadata"]["name"] for o in objects if o["kind"] != "ClusterRole"} == {
         "ml-train-operator",
         "ml-train-operator-metrics",
+        "ml-train-operator-leader-election",
         "ml-train-dashboard",
     }
     container = operator_container(objects)
@@ -423,3 +463,10 @@ def test_templates_render_through_helm_engine_not_python() -> None:
     rendered = render_templates()
     assert set(rendered) >= {f"llmtrain/templates/{t}" for t in ("deployment.yaml", "NOTES.txt")}
     assert "{{" not in "".join(rendered.values())
+
+
+def test_trainer_pull_secrets_become_operator_flags() -> None:
+    args = operator_container(render({"trainerImage": {"pullSecrets": ["registry", "mirror"]}}))["args"]
+    flags = [args[i + 1] for i, a in enumerate(args) if a == "--image-pull-secret"]
+    assert flags == ["registry", "mirror"]
+    assert "--image-pull-secret" not in operator_container(render({}))["args"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +84,87 @@ def test_bad_values_only_break_the_named_key() -> None:
         assert expected_location in locations, (path.name, locations)
         # Wrappers (allOf, $ref) also report the enclosing objects; nothing outside the key may fail.
         assert all(expected_location.startswith(loc) for loc in locations), (path.name, locations)
+
+
+# ------------------------------------------------------------------------------ null parent keys
+
+
+def _definition(node: dict[str, Any]) -> dict[str, Any]:
+    """A property's schema with `allOf: [{$ref}]` wrappers resolved."""
+    for sub in node.get("allOf", []):
+        if "$ref" in sub:
+            return {**SCHEMA["definitions"][sub["$ref"].rsplit("/", 1)[1]], **node}
+    return node
+
+
+def null_refused_paths() -> list[tuple[str, ...]]:
+    """Keys that null must not delete: every top-level key of values.yaml, and every key holding an
+    object or a list inside the chart's fixed-key objects (not inside free-form maps such as
+    podAnnotations, whose entries are the user's to delete)."""
+    defaults = chart().merge_values({})
+    paths: list[tuple[str, ...]] = [(key,) for key in yaml.safe_load((CHART / "values.yaml").read_text())]
+
+    def walk(node: dict[str, Any], values: dict[str, Any], prefix: tuple[str, ...]) -> None:
+        node = _definition(node)
+        if node.get("additionalProperties") is not False:
+            return  # a free-form map
+        for key, value in values.items():
+            path = (*prefix, key)
+            if isinstance(value, dict | list) and len(path) > 1:
+                paths.append(path)
+            if isinstance(value, dict):
+                walk(node["properties"][key], value, path)
+
+    walk(SCHEMA, defaults, ())
+    return paths
+
+
+def _nulled(path: tuple[str, ...]) -> dict[str, Any]:
+    values: dict[str, Any] = {path[-1]: None}
+    for key in reversed(path[:-1]):
+        values = {key: values}
+    return values
+
+
+def test_null_refused_paths_cover_the_enforced_settings() -> None:
+    paths = set(null_refused_paths())
+    for path in [
+        ("podSecurityContext",),
+        ("securityContext",),
+        ("resources",),
+        ("image",),
+        ("metrics",),
+        ("securityContext", "capabilities"),
+        ("securityContext", "capabilities", "drop"),
+        ("podSecurityContext", "seccompProfile"),
+        ("resources", "limits"),
+        ("networkPolicy", "apiServer"),
+        ("metrics", "serviceMonitor"),
+        ("rbac", "userRoles"),
+    ]:
+        assert path in paths, path
+    assert ("grafanaDashboard", "labels", "grafana_dashboard") not in paths  # the user's map
+
+
+@pytest.mark.parametrize("path", null_refused_paths(), ids=".".join)
+def test_a_null_key_is_refused_naming_it(path: tuple[str, ...]) -> None:
+    """Helm deletes a key set to null (`--set key=null`, `key: null` in a values file) before it
+    validates. Without `required`, a null parent took its whole subtree, with every rule in it
+    (runAsNonRoot, the memory limit...), past the schema; it must fail like any bad value."""
+    expected = f"at '{'/' + '/'.join(path[:-1]) if len(path) > 1 else ''}': missing property '{path[-1]}'"
+    with pytest.raises(helm_python.HelmValuesError) as error:
+        chart().validate_schema(_nulled(path))
+    assert expected in str(error.value)
+    with pytest.raises(helm_python.HelmValuesError, match=re.escape(expected)):
+        render(_nulled(path))
+
+
+def test_an_emptied_free_form_map_entry_is_still_allowed() -> None:
+    """null still deletes entries of the user's own maps, e.g. the default Grafana sidecar label."""
+    values = {
+        "grafanaDashboard": {"enabled": True, "labels": {"grafana_dashboard": None, "dashboards": "ml"}}
+    }
+    chart().validate_schema(values)
+    (dashboard,) = [o for o in render(values) if o["kind"] == "ConfigMap"]
+    assert "grafana_dashboard" not in dashboard["metadata"]["labels"]
+    assert dashboard["metadata"]["labels"]["dashboards"] == "ml"

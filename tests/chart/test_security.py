@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.chart.helm import ALL_SETS, Obj, load_values, pod_specs, render, render_set
+from tests.chart.helm import ALL_SETS, Obj, load_values, operator_deployment, pod_specs, render, render_set
 from tests.chart.security import restricted_violations
 
 RBAC_KINDS = {"Role", "ClusterRole"}
@@ -51,6 +51,16 @@ def test_the_security_check_catches_weakened_pods() -> None:
         ("containers.0.securityContext.privileged", True),
         ("containers.0.resources", {"requests": {"cpu": "1", "memory": "1Gi"}}),
         ("volumes", [{"name": "host", "hostPath": {"path": "/"}}]),
+        ("securityContext.seccompProfile", {"type": "Localhost"}),
+        ("securityContext.seLinuxOptions", {"type": "spc_t"}),
+        ("securityContext.seLinuxOptions", {"user": "system_u"}),
+        ("securityContext.appArmorProfile", {"type": "Unconfined"}),
+        ("securityContext.sysctls", [{"name": "kernel.msgmax", "value": "1"}]),
+        ("containers.0.securityContext.appArmorProfile", {"type": "Unconfined"}),
+        ("containers.0.securityContext.seLinuxOptions", {"type": "unconfined_t"}),
+        ("containers.0.securityContext.seccompProfile", {"type": "RuntimeDefault", "localhostProfile": "x"}),
+        ("containers.0.securityContext.procMount", "Unmasked"),
+        ("containers.0.securityContext.runAsUser", 0),
     ]
     for path, value in weakenings:
         broken = _copy_with(pod, path.split("."), value)
@@ -99,7 +109,7 @@ def test_secrets_are_readable_only_when_enabled(value_set: str) -> None:
 
 def test_secret_rule_appears_in_every_namespaced_role() -> None:
     objects = render({"watchNamespaces": ["a", "b", "c"], "rbac": {"readSecrets": True}})
-    roles = [o for o in objects if o["kind"] == "Role"]
+    roles = [o for o in objects if o["kind"] == "Role" and o["metadata"]["name"].endswith("-operator")]
     assert {r["metadata"]["namespace"] for r in roles} == {"a", "b", "c"}
     for role in roles:
         assert {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]} in role["rules"]
@@ -109,3 +119,17 @@ def test_service_account_token_is_mounted_only_where_needed() -> None:
     objects = render_set("default")
     (account,) = [o for o in objects if o["kind"] == "ServiceAccount"]
     assert account["automountServiceAccountToken"] is False
+
+
+def test_allowed_profiles_and_an_assigned_uid_render_as_given() -> None:
+    """What restricted still allows passes the schema and reaches the pod unchanged."""
+    values = load_values("security-profiles")
+    pod = operator_deployment(render_set("security-profiles"))["spec"]["template"]["spec"]
+    pod_sc = pod["securityContext"]
+    assert not {"runAsUser", "runAsGroup", "fsGroup"} & set(pod_sc)  # OpenShift assigns them
+    assert pod_sc["runAsNonRoot"] is True
+    for field in ("seccompProfile", "seLinuxOptions", "appArmorProfile"):
+        assert pod_sc[field] == values["podSecurityContext"][field]
+    container_sc = pod["containers"][0]["securityContext"]
+    assert container_sc["appArmorProfile"] == values["securityContext"]["appArmorProfile"]
+    assert restricted_violations(pod) == []

@@ -7,6 +7,8 @@ import json
 import os
 from pathlib import Path
 
+import yaml
+
 from tests.cluster.conftest import CHART, PLATFORM_NAMESPACE, RELEASE, get, helm, items, wait_for
 from tests.support.cluster.cluster import REPO_ROOT, Cluster
 
@@ -141,3 +143,70 @@ def test_operator_runs_with_the_chart_service_account_only(cluster: Cluster, pla
     assert cannot.stdout.strip() == "no", cannot
     secrets = cluster.kubectl("auth", "can-i", "get", "secrets", "-n", "default", f"--as={sa}", check=False)
     assert secrets.stdout.strip() == "no", secrets
+
+
+# Helm's longest release name (53 characters), with dots, which Helm allows and DNS labels do not.
+LONGEST_RELEASE = "ml.platform.training.operator.production.europe.west4"
+
+
+def test_the_longest_release_name_installs_every_named_object(
+    cluster: Cluster, platform: str, namespace: str
+) -> None:
+    """The API server, not kubernetes-validate, checks names: a 64-character Service name or a dot in
+    one is refused here. Every object with a name of its own, installed from the longest name."""
+    assert len(LONGEST_RELEASE) == 53
+    values = {
+        "rbac.userRoles.create": "false",  # cluster-scoped with fixed names: the platform release has them
+        "replicaCount": "2",  # the PodDisruptionBudget
+        "grafanaDashboard.enabled": "true",
+        "networkPolicy.enabled": "true",
+    }
+    sets = [arg for key, value in values.items() for arg in ("--set", f"{key}={value}")]
+    helm(cluster, "install", LONGEST_RELEASE, str(CHART), "-n", namespace, "--skip-crds", *sets)
+    try:
+        manifest = helm(cluster, "get", "manifest", LONGEST_RELEASE, "-n", namespace).stdout
+        kinds: dict[str, set[str]] = {}
+        for obj in yaml.safe_load_all(manifest):
+            if obj:
+                kinds.setdefault(obj["kind"], set()).add(obj["metadata"]["name"])
+        expected = {"Deployment", "ServiceAccount", "Service", "ConfigMap", "NetworkPolicy"}
+        expected |= {"PodDisruptionBudget", "ClusterRole", "ClusterRoleBinding"}
+        assert expected <= set(kinds), kinds
+        for kind, names in kinds.items():
+            for name in names:
+                assert len(name) <= 63 and "." not in name, (kind, name)
+                scope = (
+                    []
+                    if kind.startswith("Cluster") or kind.startswith("ValidatingAdmission")
+                    else [namespace]
+                )
+                assert get(cluster, kind.lower(), name, *scope) is not None, (kind, name)
+        (service,) = kinds["Service"]
+        assert len(service) == 63, service
+    finally:
+        helm(cluster, "uninstall", LONGEST_RELEASE, "-n", namespace, "--wait", check=False)
+
+
+def test_the_documented_crd_upgrade_takes_over_helms_fields(
+    cluster: Cluster, platform: str, tmp_path: Path
+) -> None:
+    """charts/llmtrain/README.md: `kubectl apply --server-side --force-conflicts -f crds/` after a
+    chart upgrade. Without --force-conflicts, a changed field Helm's install set is a conflict."""
+    original = CHART / "crds" / "llmtrain.dev_llmtrainingjobs.yaml"
+    newer = tmp_path / "crds"
+    newer.mkdir()
+    label = "app.kubernetes.io/part-of: llmtrain\n"
+    assert label in original.read_text()
+    (newer / original.name).write_text(
+        original.read_text().replace(label, "app.kubernetes.io/part-of: llmtrain-next\n", 1)
+    )
+    try:
+        refused = cluster.kubectl("apply", "--server-side", "-f", str(newer), check=False)
+        assert refused.returncode != 0 and "conflict" in refused.stderr.lower(), refused
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(newer))
+        crd = get(cluster, "crd", CRD)
+        assert crd is not None and crd["metadata"]["labels"]["app.kubernetes.io/part-of"] == "llmtrain-next"
+    finally:
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(original))
+    crd = get(cluster, "crd", CRD)
+    assert crd is not None and crd["metadata"]["labels"]["app.kubernetes.io/part-of"] == "llmtrain"

@@ -9,14 +9,17 @@ waits for them to go and then runs (it failed for good with ChildConflict before
 
 from __future__ import annotations
 
+import base64
 import datetime
 import json
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from llmtrain.render.rayjob import SUBMITTER_BACKOFF_LIMIT
 
 from tests.cluster.conftest import (
     OperatorProcess,
@@ -166,6 +169,30 @@ def _exit_submitter(cluster: Cluster, namespace: str, rayjob: str, code: int) ->
     return name
 
 
+def _fail_submitter_job(cluster: Cluster, namespace: str, rayjob: str) -> list[str]:
+    """Every attempt of the submitter Job exits 1, until the Job gives up (backoffLimit + 1 pods)."""
+    return [_exit_submitter(cluster, namespace, rayjob, 1) for _ in range(SUBMITTER_BACKOFF_LIMIT + 1)]
+
+
+def _dashboard_tokens(cluster: Cluster) -> dict[str, str]:
+    """The Ray auth token each Ray cluster's dashboard requests carried (`<namespace>/<cluster>`)."""
+    with urllib.request.urlopen(f"{cluster.dashboard}/control", timeout=10) as response:
+        tokens: dict[str, str] = json.load(response)["tokens"]
+    return tokens
+
+
+def _token_secret(pod: dict[str, Any]) -> str:
+    """The Secret KubeRay points the pod's RAY_AUTH_TOKEN at (every container)."""
+    names = {
+        e["valueFrom"]["secretKeyRef"]["name"]
+        for c in pod["spec"]["containers"]
+        for e in c.get("env", [])
+        if e["name"] == "RAY_AUTH_TOKEN"
+    }
+    assert len(names) == 1, (pod["metadata"]["name"], names)
+    return names.pop()
+
+
 def _live_gpu_pods(cluster: Cluster) -> list[str]:
     """Pods anywhere in the cluster that hold or wait for GPUs."""
     listed = json.loads(cluster.kubectl("get", "pods", "-A", "-o", "json").stdout)["items"]
@@ -228,6 +255,20 @@ def test_tiny_cpu_example_runs_on_kuberay_and_succeeds(
             assert pod["status"]["phase"] == "Running"
         pvc = get(cluster, "pvc", f"{TINY}-storage", ns)
         assert pvc is not None and pvc["status"]["phase"] == "Bound", pvc
+        # Ray's job API is not open: KubeRay made the cluster's token Secret, every Ray pod and the
+        # submitter read the token from it, and KubeRay's own dashboard calls carry that token.
+        submitter = _running_pod(cluster, ns, f"{JOB_POD_LABEL}={TINY}")
+        secrets = {_token_secret(pod) for pod in [*ray_pods, submitter]}
+        assert len(secrets) == 1, secrets
+        secret = get(cluster, "secret", secrets.pop(), ns)
+        assert secret is not None
+        assert [o["kind"] for o in secret["metadata"]["ownerReferences"]] == ["RayCluster"]
+        token = base64.b64decode(secret["data"]["auth_token"]).decode()
+        assert len(token) >= 32
+        wait_for(
+            lambda: _dashboard_tokens(cluster).get(f"{ns}/{ray_cluster}") == token,
+            what="KubeRay's dashboard requests carry the cluster's token",
+        )
 
         end_ray_job(cluster, ns, TINY, succeed=True)
         done = wait_phase(cluster, ns, TINY, "Succeeded", "Failed")
@@ -247,6 +288,39 @@ def test_tiny_cpu_example_runs_on_kuberay_and_succeeds(
         ["Initializing", "Running", "Succeeded"],
     ), walk
     assert not states & {"ValidationFailed", "Failed", "Retrying"}, states
+
+
+def test_the_pod_template_overlay_reaches_the_pods_kuberay_makes(
+    cluster: Cluster, operator: OperatorProcess, ns: str
+) -> None:
+    """Private registries, sidecar and identity metadata and an extra volume, under restricted Pod
+    Security: what the spec does not model gets to the real pods through the validated overlay."""
+    cluster.kubectl("create", "configmap", "vocab", "-n", ns, "--from-literal=words=a b c")
+    overlay = {
+        "labels": {"team": "nlp"},
+        "annotations": {"sidecar.istio.io/inject": "false"},
+        "serviceAccountAnnotations": {"iam.gke.io/gcp-service-account": "train@p.iam.gserviceaccount.com"},
+        "imagePullSecrets": [{"name": "registry"}],
+        "volumes": [{"name": "vocab", "configMap": {"name": "vocab"}}],
+        "volumeMounts": [{"name": "vocab", "mountPath": "/vocab", "readOnly": True}],
+    }
+    apply_doc(cluster, _example(TINY, ns, spec__podTemplate=overlay))
+    status = wait_phase(cluster, ns, TINY, "Running")
+    ray_pods = items(cluster, "pods", ns, f"ray.io/cluster={status['rayClusterName']}")
+    submitter = _running_pod(cluster, ns, f"{JOB_POD_LABEL}={TINY}")
+    assert len(ray_pods) == 3
+    for pod in [*ray_pods, submitter]:
+        meta, spec = pod["metadata"], pod["spec"]
+        assert meta["labels"]["team"] == "nlp" and meta["labels"]["llmtrain.dev/job"] == TINY
+        assert meta["annotations"]["sidecar.istio.io/inject"] == "false"
+        assert {"name": "registry"} in spec["imagePullSecrets"], meta["name"]
+    for pod in ray_pods:
+        assert {"name": "vocab", "configMap": {"name": "vocab", "defaultMode": 420}} in pod["spec"]["volumes"]
+        mounts = pod["spec"]["containers"][0]["volumeMounts"]
+        assert {"name": "vocab", "mountPath": "/vocab", "readOnly": True} in mounts
+    account = get(cluster, "serviceaccount", f"{TINY}-trainer", ns)
+    assert account is not None
+    assert account["metadata"]["annotations"] == overlay["serviceAccountAnnotations"]
 
 
 # ---- 2. GPU placement ---------------------------------------------------------------------------
@@ -413,7 +487,7 @@ def test_submitter_failure_retries_on_a_new_cluster_then_fails_when_retries_run_
         ):
             apply_doc(cluster, _example(TINY, ns))  # runPolicy.maxRetries: 1
             first = wait_phase(cluster, ns, TINY, "Running")["rayClusterName"]
-            _exit_submitter(cluster, ns, TINY, 1)
+            _fail_submitter_job(cluster, ns, TINY)
             retried = wait_for(
                 lambda: (
                     (s := job_status(cluster, ns, TINY)).get("phase") == "Running"
@@ -444,6 +518,28 @@ def test_submitter_failure_retries_on_a_new_cluster_then_fails_when_retries_run_
         clusters = {(v.get("status") or {}).get("rayClusterName") for v in versions} - {None}
         assert len(clusters) == 2, clusters  # the first attempt and its one retry, no third
         assert status["retries"] == 1, status  # one retry ran; KubeRay's status.failed is 2
+    finally:
+        clear_outcome(cluster, ns)
+
+
+def test_a_submitter_pod_that_exits_is_run_again_and_reattaches_without_using_a_retry(
+    cluster: Cluster, operator: OperatorProcess, ns: str
+) -> None:
+    """A dropped log stream, a drained node or a preempted submitter costs a pod, not a whole-run
+    retry on a fresh cluster: the next submitter attaches to the Ray job that is still running."""
+    try:
+        apply_doc(cluster, _example(TINY, ns))
+        first = wait_phase(cluster, ns, TINY, "Running")["rayClusterName"]
+        gone = _exit_submitter(cluster, ns, TINY, 1)
+        again = _running_pod(cluster, ns, f"{JOB_POD_LABEL}={TINY}")
+        assert again["metadata"]["name"] != gone
+        status = job_status(cluster, ns, TINY)
+        assert (status["phase"], status["rayClusterName"], status["retries"]) == ("Running", first, 0), status
+        rayjob = _rayjob(cluster, ns, TINY)["status"]
+        assert rayjob["jobDeploymentStatus"] == "Running" and not rayjob.get("failed"), rayjob
+        end_ray_job(cluster, ns, TINY, succeed=True)
+        done = wait_phase(cluster, ns, TINY, "Succeeded", "Failed")
+        assert (done["phase"], done["rayClusterName"], done["retries"]) == ("Succeeded", first, 0), done
     finally:
         clear_outcome(cluster, ns)
 

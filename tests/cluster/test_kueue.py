@@ -389,3 +389,92 @@ def test_kueue_preempts_a_running_job_for_a_higher_priority_one_and_resumes_it(
         assert ray_clusters(cluster, namespace, "low")[0]["metadata"]["name"] != preempted_cluster
         # Preempted, admitted again: Kueue's two writes and nobody else's.
         assert suspend_history(watch, "low", since) == [False, True, False], writers(watch, "low", since)
+
+
+def _suspend(cluster: Cluster, namespace: str, name: str, value: bool) -> None:
+    patch = json.dumps({"spec": {"runPolicy": {"suspend": value}}})
+    cluster.kubectl("patch", "llmtj", name, "-n", namespace, "--type=merge", "-p", patch)
+
+
+def _active(cluster: Cluster, namespace: str, name: str) -> bool:
+    wl = workload(cluster, namespace, name)
+    assert wl is not None
+    return bool(wl["spec"].get("active", True))
+
+
+def assert_suspended_by_user(cluster: Cluster, namespace: str, name: str) -> bool:
+    """Its Workload deactivated (no quota held), nothing of it running, and the status says the
+    user's suspend holds it, not the queue."""
+    assert not _active(cluster, namespace, name)
+    assert condition(workload(cluster, namespace, name), "Admitted").get("status") != "True"
+    assert rayjob(cluster, namespace, name)["spec"].get("suspend") is True
+    assert not ray_clusters(cluster, namespace, name)
+    assert not items(cluster, "pods", namespace, f"llmtrain.dev/job={name}")
+    status = job_status(cluster, namespace, name)
+    assert status.get("phase") == "Suspended", status
+    assert status["message"].startswith("suspended (runPolicy.suspend)"), status
+    assert LOCAL_QUEUE in status["message"], status
+    return True
+
+
+def test_a_users_suspend_of_a_queued_job_deactivates_its_workload_and_resume_queues_it_again(
+    cluster: Cluster, queue: Queue, namespace: str
+) -> None:
+    """Kueue owns a queued RayJob's `suspend`; the operator honours runPolicy.suspend the way Kueue
+    expects, through the Workload's `spec.active`: Kueue evicts the job and frees its quota for
+    others, and re-admits it when the suspend is lifted. Before, the suspend of a queued job did
+    nothing at all (the job kept its GPUs)."""
+    queue.apply(gpus=8)
+    with Watch(cluster, "rayjobs", namespace) as watch:
+        apply_doc(cluster, gpu_job("llama", namespace))
+        first = wait_admitted_on_gpus(cluster, namespace, "llama")["rayClusterName"]
+        since = mark(cluster, watch, namespace, "llama")
+
+        _suspend(cluster, namespace, "llama", True)
+        wait_for(lambda: assert_suspended_by_user(cluster, namespace, "llama"), what="suspended via Kueue")
+        # The freed quota admits another job meanwhile.
+        apply_doc(cluster, gpu_job("other", namespace))
+        wait_admitted_on_gpus(cluster, namespace, "other")
+        hold(lambda: assert_suspended_by_user(cluster, namespace, "llama"))
+        cluster.kubectl("delete", "llmtj", "other", "-n", namespace, "--wait=false")
+
+        _suspend(cluster, namespace, "llama", False)
+        status = wait_admitted_on_gpus(cluster, namespace, "llama")
+        assert _active(cluster, namespace, "llama")
+        assert status["rayClusterName"] != first  # a new Ray cluster, resuming from the checkpoint
+        # Kueue wrote every flip of the RayJob's suspend (evict, re-admit); the operator none.
+        assert suspend_history(watch, "llama", since) == [False, True, False], writers(watch, "llama", since)
+        managers = {
+            m["manager"]
+            for v in watch.versions("llama")[since:]
+            for m in v["metadata"].get("managedFields") or []
+            if "f:suspend" in json.dumps(m.get("fieldsV1", {}))
+        }
+        assert not any("llmtrain" in m or "kopf" in m for m in managers), managers
+
+
+def test_a_queued_job_created_suspended_is_never_admitted_until_resumed(
+    cluster: Cluster, queue: Queue, namespace: str
+) -> None:
+    """Given to Kueue only when resumed: with quota free, Kueue would admit it (and start its GPU
+    workers) before its Workload could be deactivated."""
+    queue.apply(gpus=16)  # quota enough: only the user's suspend holds it
+    doc = gpu_job("held", namespace)
+    doc["spec"]["runPolicy"]["suspend"] = True
+    with Watch(cluster, "rayjobs", namespace) as watch:
+        apply_doc(cluster, doc)
+
+        def held() -> bool:
+            obj = rayjob(cluster, namespace, "held")
+            assert obj["spec"].get("suspend") is True and QUEUE_LABEL not in obj["metadata"]["labels"]
+            assert workload(cluster, namespace, "held") is None
+            assert not items(cluster, "pods", namespace, "llmtrain.dev/job=held")
+            assert job_status(cluster, namespace, "held").get("phase") == "Suspended"
+            return True
+
+        wait_for(held, what="held by its user")
+        hold(held)
+        _suspend(cluster, namespace, "held", False)
+        wait_admitted_on_gpus(cluster, namespace, "held")
+        assert rayjob(cluster, namespace, "held")["metadata"]["labels"][QUEUE_LABEL] == LOCAL_QUEUE
+        assert suspend_history(watch, "held", 0) == [True, False], writers(watch, "held", 0)

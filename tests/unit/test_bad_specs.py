@@ -14,6 +14,7 @@ import yaml
 from llmtrain.api import cel
 from llmtrain.api.crd import openapi_schema
 from llmtrain.cli import main
+from llmtrain.constants import DEFAULT_MOUNT_PATH
 
 from tests.support.jobs import minimal_job, with_path
 from tests.support.schema import validate_strict
@@ -194,6 +195,92 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
         "ttl-beyond-int32",
         spec("runPolicy", {"ttlSecondsAfterFinished": 2**31}),
         "ttlSecondsAfterFinished",
+        True,
+    ),
+    # The pod-template overlay: nothing that breaks the platform's own wiring or the pods' schema.
+    (
+        "pod-volume-two-sources",
+        spec("podTemplate", {"volumes": [{"name": "x", "emptyDir": {}, "secret": {"secretName": "s"}}]}),
+        "podTemplate.volumes",
+        True,
+    ),
+    (
+        "pod-volume-host-path",
+        spec("podTemplate", {"volumes": [{"name": "x", "hostPath": {"path": "/"}}]}),
+        "hostPath",
+        True,
+    ),
+    (
+        "pod-volume-reserved-name",
+        spec("podTemplate", {"volumes": [{"name": "dshm", "emptyDir": {}}]}),
+        "podTemplate.volumes",
+        True,
+    ),
+    (
+        "pod-volume-duplicate-name",
+        spec("podTemplate", {"volumes": [{"name": "x", "emptyDir": {}}, {"name": "x", "emptyDir": {}}]}),
+        "podTemplate.volumes",
+        True,
+    ),
+    (
+        "pod-mount-of-no-volume",
+        spec("podTemplate", {"volumeMounts": [{"name": "y", "mountPath": "/data"}]}),
+        "podTemplate.volumeMounts",
+        True,
+    ),
+    (
+        "pod-mount-over-shared-memory",
+        spec(
+            "podTemplate",
+            {
+                "volumes": [{"name": "x", "emptyDir": {}}],
+                "volumeMounts": [{"name": "x", "mountPath": "/dev/shm"}],
+            },
+        ),
+        "podTemplate.volumeMounts",
+        True,
+    ),
+    (
+        "pod-mount-under-shared-storage",
+        spec(
+            "podTemplate",
+            {
+                "volumes": [{"name": "x", "emptyDir": {}}],
+                "volumeMounts": [{"name": "x", "mountPath": f"{DEFAULT_MOUNT_PATH}/runs"}],
+            },
+        ),
+        "podTemplate.volumeMounts",
+        True,
+    ),
+    ("pod-label-bad-key", spec("podTemplate", {"labels": {"bad key!": "x"}}), "podTemplate.labels", True),
+    (
+        "pod-label-reserved-key",
+        spec("podTemplate", {"labels": {"llmtrain.dev/job": "other"}}),
+        "podTemplate.labels",
+        True,
+    ),
+    (
+        "pod-label-bad-value",
+        spec("podTemplate", {"labels": {"team": "not valid!"}}),
+        "podTemplate.labels",
+        True,
+    ),
+    (
+        "pod-annotation-bad-key",
+        spec("podTemplate", {"annotations": {"-starts-with-dash": "x"}}),
+        "podTemplate.annotations",
+        True,
+    ),
+    (
+        "service-account-annotation-bad-key",
+        spec("podTemplate", {"serviceAccountAnnotations": {"a/b/c": "x"}}),
+        "podTemplate.serviceAccountAnnotations",
+        True,
+    ),
+    (
+        "pull-secret-bad-name",
+        spec("podTemplate", {"imagePullSecrets": [{"name": "Not_A_Name"}]}),
+        "podTemplate.imagePullSecrets",
         True,
     ),
     # Inside the inline model config (preserve-unknown in the CRD): the API server accepts these;

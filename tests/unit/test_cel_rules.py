@@ -79,6 +79,65 @@ CASES: dict[str, list[tuple[Any, Any, Any]]] = {
 }
 
 
+def _rule(message_start: str) -> str:
+    """The rule text of the CRD rule whose message starts so (generated rules, long texts)."""
+
+    def entries(schema: dict[str, Any]) -> Iterator[dict[str, str]]:
+        yield from schema.get("x-kubernetes-validations", [])
+        for sub in [
+            *schema.get("properties", {}).values(),
+            *([schema["items"]] if "items" in schema else []),
+        ]:
+            yield from entries(sub)
+
+    return next(e["rule"] for e in entries(openapi_schema()) if e["message"].startswith(message_start))
+
+
+_MOUNT = {"name": "x", "mountPath": "/data"}
+CASES.update(
+    {
+        _rule("each podTemplate.volumes entry needs exactly one source"): [
+            ({"name": "x", "emptyDir": {}}, {"name": "x", "emptyDir": {}, "secret": {}}, None),
+            ({"name": "x", "csi": {"driver": "d"}}, {"name": "x"}, None),
+        ],
+        _rule("podTemplate.volumes names shared-storage"): [
+            ({"name": "data"}, {"name": "trainer-config"}, None),
+        ],
+        _rule("podTemplate.volumeMounts cannot use"): [
+            ({"mountPath": "/data"}, {"mountPath": "/dev/shm"}, None),
+            ({"mountPath": "/etc/llmtrain-extra"}, {"mountPath": "/etc/llmtrain/x"}, None),
+        ],
+        _rule("every podTemplate.volumeMounts name"): [
+            ({"volumes": [{"name": "x"}], "volumeMounts": [_MOUNT]}, {"volumeMounts": [_MOUNT]}, None),
+            ({}, {"volumes": [{"name": "y"}], "volumeMounts": [_MOUNT]}, None),
+        ],
+        _rule("podTemplate.volumes names must be unique"): [
+            ({"volumes": [{"name": "x"}, {"name": "y"}]}, {"volumes": [{"name": "x"}, {"name": "x"}]}, None),
+        ],
+        _rule("podTemplate.labels keys must be valid"): [
+            ({"team": "a", "example.com/cost-center": "1"}, {"a/b/c": "x"}, None),
+            ({"a" * 63: "x"}, {"a" * 64: "x"}, None),
+        ],
+        _rule("podTemplate.labels keys under"): [
+            ({"example.com/x": "1"}, {"ray.io/node-type": "worker"}, None),
+        ],
+        _rule("podTemplate.volumeMounts cannot mount at or under storage.mountPath"): [
+            (
+                {
+                    "storage": {"mountPath": "/mnt/a"},
+                    "podTemplate": {"volumeMounts": [{"mountPath": "/mnt/ab"}]},
+                },
+                {
+                    "storage": {"mountPath": "/mnt/a"},
+                    "podTemplate": {"volumeMounts": [{"mountPath": "/mnt/a/b"}]},
+                },
+                None,
+            ),
+        ],
+    }
+)
+
+
 def _rules(schema: dict[str, Any]) -> Iterator[str]:
     for entry in schema.get("x-kubernetes-validations", []):
         yield entry["rule"]
@@ -145,6 +204,7 @@ def test_immutable_fields_and_mutable_ones() -> None:
         "resources",
         "storage",
         "network",
+        "podTemplate",
     }
     policy = spec["runPolicy"]["properties"]
     for mutable in ("suspend", "ttlSecondsAfterFinished", "activeDeadlineSeconds"):

@@ -197,6 +197,33 @@ def test_drift_patch_never_writes_suspend_of_a_queued_rayjob() -> None:
         assert drift_patch(desired, existing) == {"spec": {"activeDeadlineSeconds": 60}}
 
 
+def test_a_user_suspend_of_a_queued_rayjob_marks_it_and_leaves_suspend_and_queue_to_kueue() -> None:
+    """Suspended after it was queued: the desired RayJob has no queue label (render), but the stored
+    one keeps it, so its `suspend` stays Kueue's; only the user's mark is written."""
+    queued = {"labels": {"kueue.x-k8s.io/queue-name": "gpu"}}
+    desired = {
+        "kind": "RayJob",
+        "metadata": {"labels": {}, "annotations": {"llmtrain.dev/suspended": "true"}},
+        "spec": {"suspend": True},
+    }
+    existing = {"kind": "RayJob", "metadata": queued, "spec": {"suspend": False}}
+    assert drift_patch(desired, existing) == {"metadata": {"annotations": {"llmtrain.dev/suspended": "true"}}}
+    # Resumed: the mark goes (None removes it in a merge patch), suspend is still Kueue's.
+    resumed = {"kind": "RayJob", "metadata": queued, "spec": {"suspend": False}}
+    marked = {**existing, "metadata": {**queued, "annotations": {"llmtrain.dev/suspended": "true"}}}
+    marked["spec"] = {"suspend": True}
+    assert drift_patch(resumed, marked) == {"metadata": {"annotations": {"llmtrain.dev/suspended": None}}}
+    # Created suspended, never queued: the operator owns suspend, and resuming gives it to Kueue.
+    held = {"kind": "RayJob", "metadata": {"labels": {}}, "spec": {"suspend": True}}
+    assert drift_patch(resumed, held) == {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": "gpu"}}}
+
+
+def test_a_queued_job_its_user_suspended_says_so_and_names_its_queue() -> None:
+    held = observe({"jobDeploymentStatus": "Suspended"}, queue="gpu-team", suspended_by_user=True)
+    assert held.phase == "Suspended"
+    assert held.message.startswith("suspended (runPolicy.suspend)") and "'gpu-team'" in held.message
+
+
 def test_root_cause_only_added_on_failure() -> None:
     from llmtrain.operator.status import with_root_cause
 

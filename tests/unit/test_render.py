@@ -257,11 +257,19 @@ def test_rayjob_policy_fields() -> None:
     assert spec["activeDeadlineSeconds"] == 3600
     assert spec["backoffLimit"] == 4
     assert spec["suspend"] is True
-    assert spec["submitterConfig"] == {"backoffLimit": 0}
-    assert rj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-q"
+    # A re-run submitter re-attaches to the Ray job (KubeRay >= 1.3), so it gets KubeRay's retries.
+    assert spec["submitterConfig"] == {"backoffLimit": 2}
+    # Ray's dashboard and job API need the cluster's token (KubeRay's per-cluster Secret).
+    assert spec["rayClusterSpec"]["authOptions"] == {"mode": "token"}
+    # Queued but created suspended by its user: not given to Kueue until resumed (Kueue would admit
+    # it before its Workload could be deactivated), and marked as the user's suspend.
+    assert "kueue.x-k8s.io/queue-name" not in rj["metadata"]["labels"]
+    assert rj["metadata"]["annotations"] == {"llmtrain.dev/suspended": "true"}
     # A queued job starts suspended even when the user did not ask: Kueue admits it.
     queued = rayjob(_gpu_job(runPolicy={"queueName": "gpu-q"}))
     assert queued["spec"]["suspend"] is True
+    assert queued["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-q"
+    assert "annotations" not in queued["metadata"]
     plain = rayjob(_gpu_job())
     assert plain["spec"]["suspend"] is False
     assert "activeDeadlineSeconds" not in plain["spec"]
@@ -316,3 +324,51 @@ def test_image_override_in_spec_wins() -> None:
     doc["spec"]["resources"]["image"] = "mine/trainer:dev"
     for pod in pods(rayjob(doc)):
         assert pod["containers"][0]["image"] == "mine/trainer:dev"
+
+
+OVERLAY = {
+    "labels": {"team": "nlp", "ray.io-like.example.com/x": "y"},
+    "annotations": {"sidecar.istio.io/inject": "false"},
+    "serviceAccountAnnotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/train"},
+    "imagePullSecrets": [{"name": "registry"}, {"name": "shared"}],
+    "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "corpus", "readOnly": True}}],
+    "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}],
+}
+
+
+def test_the_pod_template_overlay_reaches_every_trainer_pod_and_the_service_account() -> None:
+    job = _job(_gpu_job(podTemplate=OVERLAY))
+    objects = _by_kind(render(job, ImageSettings(pull_secrets=("shared", "org-default"))))
+    rj = objects["RayJob"]
+    cluster = rj["spec"]["rayClusterSpec"]
+    templates = {
+        "head": cluster["headGroupSpec"]["template"],
+        "worker": cluster["workerGroupSpecs"][0]["template"],
+        "submitter": rj["spec"]["submitterPodTemplate"],
+    }
+    for role, template in templates.items():
+        labels = template["metadata"]["labels"]
+        assert labels["team"] == "nlp" and labels["llmtrain.dev/job"] == "llama", role
+        assert labels["llmtrain.dev/role"] == role
+        assert template["metadata"]["annotations"] == {"sidecar.istio.io/inject": "false"}
+        # The operator's defaults first, then the spec's, each Secret once.
+        pulls = [s["name"] for s in template["spec"]["imagePullSecrets"]]
+        assert pulls == ["shared", "org-default", "registry"], role
+    for role in ("head", "worker"):
+        pod = templates[role]["spec"]
+        assert pod["volumes"][-1] == OVERLAY["volumes"][0]
+        assert [v["name"] for v in pod["volumes"]] == ["shared-storage", "trainer-config", "dshm", "data"]
+        assert pod["containers"][0]["volumeMounts"][-1] == OVERLAY["volumeMounts"][0]
+    # The submitter runs no training code: no extra volumes.
+    assert "volumes" not in templates["submitter"]["spec"]
+    account = objects["ServiceAccount"]
+    assert account["metadata"]["annotations"] == OVERLAY["serviceAccountAnnotations"]
+    assert "annotations" not in objects["Role"]["metadata"]
+
+
+def test_without_an_overlay_the_pods_carry_only_the_platforms_metadata() -> None:
+    rj = rayjob(_gpu_job())
+    head = rj["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]
+    assert head["metadata"] == {"labels": {"llmtrain.dev/job": "llama", "llmtrain.dev/role": "head"}}
+    assert "imagePullSecrets" not in head["spec"]
+    assert "imagePullSecrets" not in rj["spec"]["submitterPodTemplate"]["spec"]

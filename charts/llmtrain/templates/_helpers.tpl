@@ -9,7 +9,8 @@ Helpers shared by every template. Names are truncated to 63 characters (DNS labe
 
 {{/*
 The resource name prefix: fullnameOverride, else the release name when it already contains the
-chart name, else "<release>-<chart>".
+chart name, else "<release>-<chart>". Dots (Helm allows them in release names) become dashes, so
+every name built from it is a DNS label; suffixed names truncate it first (see below).
 */}}
 {{- define "llmtrain.fullname" -}}
 {{- if .Values.fullnameOverride }}
@@ -17,16 +18,30 @@ chart name, else "<release>-<chart>".
 {{- else }}
 {{- $name := default .Chart.Name .Values.nameOverride }}
 {{- if contains $name .Release.Name }}
-{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- .Release.Name | replace "." "-" | trunc 63 | trimSuffix "-" }}
 {{- else }}
-{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- printf "%s-%s" .Release.Name $name | replace "." "-" | trunc 63 | trimSuffix "-" }}
 {{- end }}
 {{- end }}
 {{- end }}
 
-{{/* Name of the operator's Deployment, ClusterRole/Roles and their bindings. */}}
+{{/*
+Names with a suffix truncate the prefix so that the whole name stays a 63-character DNS label.
+The operator's Deployment, ServiceAccount, ClusterRole/Roles and bindings, NetworkPolicy,
+ServiceMonitor and PodDisruptionBudget: "<fullname>-operator".
+*/}}
 {{- define "llmtrain.operatorName" -}}
 {{- printf "%s-operator" (include "llmtrain.fullname" . | trunc 54 | trimSuffix "-") }}
+{{- end }}
+
+{{/* The metrics Service: "<fullname>-operator-metrics". */}}
+{{- define "llmtrain.metricsServiceName" -}}
+{{- printf "%s-operator-metrics" (include "llmtrain.fullname" . | trunc 46 | trimSuffix "-") }}
+{{- end }}
+
+{{/* The Grafana dashboard ConfigMap: "<fullname>-dashboard". */}}
+{{- define "llmtrain.dashboardName" -}}
+{{- printf "%s-dashboard" (include "llmtrain.fullname" . | trunc 53 | trimSuffix "-") }}
 {{- end }}
 
 {{/* "<chart>-<version>" for the helm.sh/chart label. */}}
@@ -70,15 +85,15 @@ app.kubernetes.io/component: operator
 {{- end }}
 
 {{/*
-An image reference from {repository, tag, digest}; the tag defaults to the chart's appVersion.
-Call with (dict "image" .Values.image "root" $).
+An image reference from {repository, tag, digest}: "<repository>@<digest>" when a digest is set
+(it pins the image; the tag is not used), else "<repository>:<tag>" with the tag defaulting to the
+chart's appVersion. Call with (dict "image" .Values.image "root" $).
 */}}
 {{- define "llmtrain.image" -}}
-{{- $tag := .image.tag | default .root.Chart.AppVersion }}
 {{- if .image.digest }}
-{{- printf "%s:%s@%s" .image.repository $tag .image.digest }}
+{{- printf "%s@%s" .image.repository .image.digest }}
 {{- else }}
-{{- printf "%s:%s" .image.repository $tag }}
+{{- printf "%s:%s" .image.repository (.image.tag | default .root.Chart.AppVersion) }}
 {{- end }}
 {{- end }}
 
@@ -119,6 +134,19 @@ plus `get` on Secrets when rbac.readSecrets is true.
 - {{ .Values.logFormat | quote }}
 - --trainer-image
 - {{ include "llmtrain.image" (dict "image" .Values.trainerImage "root" .) | quote }}
+{{- range .Values.trainerImage.pullSecrets }}
+- --image-pull-secret
+- {{ . | quote }}
+{{- end }}
+{{- if .Values.leaderElection.enabled }}
+- --leader-elect
+- --leader-election-name
+- {{ include "llmtrain.operatorName" . | quote }}
+- --leader-election-namespace
+- {{ .Release.Namespace | quote }}
+- --lease-seconds
+- {{ .Values.leaderElection.leaseSeconds | quote }}
+{{- end }}
 {{- range .Values.extraArgs }}
 - {{ . | quote }}
 {{- end }}
@@ -128,6 +156,12 @@ plus `get` on Secrets when rbac.readSecrets is true.
 Cross-field checks the schema cannot express, run once from deployment.yaml.
 */}}
 {{- define "llmtrain.validate" -}}
+{{- if not (regexMatch "^[a-z]" (include "llmtrain.fullname" .)) }}
+{{- fail (printf "resource names start with %q (from the release name %q), but a Service name must start with a letter: set fullnameOverride" (include "llmtrain.fullname" .) .Release.Name) }}
+{{- end }}
+{{- if and (gt (int .Values.replicaCount) 1) (not .Values.leaderElection.enabled) }}
+{{- fail (printf "replicaCount is %v but leaderElection.enabled is false: two operators would reconcile the same jobs; enable leader election or set replicaCount to 1" .Values.replicaCount) }}
+{{- end }}
 {{- if eq (int .Values.livenessPort) (int .Values.metrics.port) }}
 {{- fail (printf "livenessPort and metrics.port must differ (both are %v)" .Values.livenessPort) }}
 {{- end }}

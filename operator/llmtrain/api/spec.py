@@ -21,6 +21,7 @@ from llmtrain.api.base import (
     cel,
     immutable,
 )
+from llmtrain.api.pod_template import PodTemplateOverlay
 from llmtrain.constants import DEFAULT_MOUNT_PATH
 
 # KubeRay derives pod and service names from the RayJob name and caps it at 47 characters.
@@ -549,6 +550,15 @@ class LLMTrainingJobSpec(ApiModel):
                     "everything in host memory",
                     ".strategy.deepspeed.offloadOptimizer",
                 ),
+                cel(
+                    "!has(self.podTemplate) || !has(self.podTemplate.volumeMounts) || "
+                    "!has(self.storage.mountPath) || self.podTemplate.volumeMounts.all(m, "
+                    "m.mountPath != self.storage.mountPath && "
+                    "!m.mountPath.startsWith(self.storage.mountPath + '/'))",
+                    "podTemplate.volumeMounts cannot mount at or under storage.mountPath: the shared "
+                    "storage is mounted there",
+                    ".podTemplate.volumeMounts",
+                ),
             ]
         }
     )
@@ -591,4 +601,9 @@ class LLMTrainingJobSpec(ApiModel):
     )
     run_policy: RunPolicySpec = Field(
         default_factory=RunPolicySpec, description="Retries, deadlines, suspension and queueing."
+    )
+    pod_template: PodTemplateOverlay = Field(
+        default_factory=PodTemplateOverlay,
+        description="Pull secrets, labels, annotations and extra volumes of the trainer's pods.",
+        json_schema_extra=immutable("podTemplate"),
     )

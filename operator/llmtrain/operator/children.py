@@ -14,7 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmtrain.constants import JOB_LABEL, KUEUE_QUEUE_LABEL, MANAGED_BY_LABEL, OPERATOR_NAME
+from llmtrain.constants import (
+    JOB_LABEL,
+    KUEUE_QUEUE_LABEL,
+    MANAGED_BY_LABEL,
+    OPERATOR_NAME,
+    SUSPENDED_BY_USER_ANNOTATION,
+)
 from llmtrain.operator.kube import ApiError, Kube, resource_of
 
 # Fields the operator keeps in sync on an existing child. Everything else is create-only:
@@ -31,11 +37,15 @@ _SYNCED_FIELDS: dict[str, tuple[str, ...]] = {
 RAYJOB_MUTABLE = ("suspend", "ttlSecondsAfterFinished", "activeDeadlineSeconds")
 
 
-def rayjob_synced_fields(rayjob: dict[str, Any]) -> tuple[str, ...]:
+def rayjob_synced_fields(desired: dict[str, Any], existing: dict[str, Any]) -> tuple[str, ...]:
     """Kueue owns `suspend` of a queued RayJob: its webhook suspends it at creation and its
     controller un-suspends it on admission and suspends it on preemption. Writing it back would
-    start a job outside its quota, so for a queued job the operator never touches it."""
-    if KUEUE_QUEUE_LABEL in (rayjob["metadata"].get("labels") or {}):
+    start a job outside its quota, so once a RayJob is queued (or is being queued now) the operator
+    never touches it."""
+    queued = KUEUE_QUEUE_LABEL in (desired["metadata"].get("labels") or {}) or KUEUE_QUEUE_LABEL in (
+        existing["metadata"].get("labels") or {}
+    )
+    if queued:
         return tuple(name for name in RAYJOB_MUTABLE if name != "suspend")
     return RAYJOB_MUTABLE
 
@@ -98,6 +108,11 @@ def drift_patch(desired: dict[str, Any], existing: dict[str, Any]) -> dict[str, 
     missing = {k: v for k, v in want_labels.items() if have_labels.get(k) != v}
     if missing:
         meta["labels"] = missing
+    if desired["kind"] == "RayJob":
+        want = (desired["metadata"].get("annotations") or {}).get(SUSPENDED_BY_USER_ANNOTATION)
+        have = (existing["metadata"].get("annotations") or {}).get(SUSPENDED_BY_USER_ANNOTATION)
+        if want != have:
+            meta["annotations"] = {SUSPENDED_BY_USER_ANNOTATION: want}  # None removes it
     want_owner = desired["metadata"].get("ownerReferences") or []
     if want_owner and _controller_uid(existing) is None:
         meta["ownerReferences"] = (existing["metadata"].get("ownerReferences") or []) + want_owner
@@ -106,7 +121,7 @@ def drift_patch(desired: dict[str, Any], existing: dict[str, Any]) -> dict[str, 
     kind = desired["kind"]
     if kind == "RayJob":
         spec_patch = {}
-        for name in rayjob_synced_fields(desired):
+        for name in rayjob_synced_fields(desired, existing):
             want, have = desired["spec"].get(name), existing.get("spec", {}).get(name)
             if name == "suspend":  # KubeRay's writes drop a false suspend (Go omitempty)
                 want, have = bool(want), bool(have)

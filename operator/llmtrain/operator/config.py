@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llmtrain.operator.election import Election
 from llmtrain.render import ImageSettings
 
 DEFAULT_WORKERS = 16
@@ -20,3 +21,5 @@ class OperatorConfig:
     # writes failed: the level-triggered safety net under the event-driven mirror.
     resync_seconds: float = DEFAULT_RESYNC_SECONDS
     namespaces: tuple[str, ...] = ()  # empty: every namespace
+    # Several replicas: only the holder of this Lease acts (None: a single replica, no election).
+    election: Election | None = None

@@ -25,8 +25,9 @@ from typing import Any
 import kopf
 
 from llmtrain.api.validation import InvalidJob, parse_job
-from llmtrain.constants import API_GROUP, API_VERSION, JOB_LABEL, KIND, PLURAL
+from llmtrain.constants import API_GROUP, API_VERSION, JOB_LABEL, KIND, KUEUE_QUEUE_LABEL, PLURAL
 from llmtrain.operator import status as status_map
+from llmtrain.operator import workload
 from llmtrain.operator.children import (
     ChildBeingReplaced,
     OwnershipConflict,
@@ -201,6 +202,8 @@ def _reconcile(
             raise kopf.TemporaryError(str(err), delay=_refusal_backoff(retry)) from err
         _fail(kube, body, "CreateFailed", f"cannot create the job's objects: {err}")
         return
+    if KUEUE_QUEUE_LABEL in (result.rayjob["metadata"].get("labels") or {}):
+        _sync_workload(kube, result.rayjob, active=not job.spec.run_policy.suspend, logger=logger)
     if result.created:
         logger.info(f"created {', '.join(result.created)}")
     if result.adopted:
@@ -224,6 +227,18 @@ def _reconcile(
     write_status(
         kube, body, {"observedGeneration": generation, "rayJobName": rayjob_name, "conditions": conditions}
     )
+
+
+def _sync_workload(kube: Kube, rayjob: dict[str, Any], *, active: bool, logger: kopf.Logger) -> None:
+    """A queued job's runPolicy.suspend acts on its Kueue Workload (Kueue owns the RayJob's)."""
+    try:
+        if workload.set_active(kube, rayjob, active):
+            logger.info(f"{'re-activated' if active else 'deactivated'} the Kueue Workload")
+    except workload.WorkloadNotYet as exc:
+        raise kopf.TemporaryError(str(exc), delay=2) from exc
+    except ApiError as err:
+        ERRORS.labels(reason=f"WorkloadHttp{err.status}").inc()
+        raise kopf.TemporaryError(f"Kueue Workload: {err}", delay=err.retry_after or 5) from err
 
 
 def _refusal_backoff(retry: int) -> float:

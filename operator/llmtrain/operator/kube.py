@@ -77,6 +77,17 @@ class ApiError(Exception):
         return self.status in (403, 404)
 
 
+def load_config() -> None:
+    """The kubernetes client's default configuration: in a pod the ServiceAccount, elsewhere
+    $KUBECONFIG or ~/.kube/config."""
+    from kubernetes import config
+
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        config.load_kube_config()  # type: ignore[no-untyped-call]
+
+
 class Kube:
     def __init__(self, api: k8s_client.ApiClient | None = None) -> None:
         self.api = api or k8s_client.ApiClient()
@@ -88,12 +99,7 @@ class Kube:
         `connections` should match the handler threads: with fewer pooled connections than threads,
         threads queue on urllib3's pool lock instead of on the API server.
         """
-        from kubernetes import config
-
-        try:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-        except config.ConfigException:
-            config.load_kube_config()  # type: ignore[no-untyped-call]
+        load_config()
         configuration = k8s_client.Configuration.get_default_copy()
         configuration.connection_pool_maxsize = connections
         return cls(k8s_client.ApiClient(configuration))

@@ -46,13 +46,22 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
     Permission("", "serviceaccounts", ("get", "create", "patch"), ADOPT),
     Permission("rbac.authorization.k8s.io", "roles", ("get", "create", "patch"), ADOPT),
     Permission("rbac.authorization.k8s.io", "rolebindings", ("get", "create", "patch"), ADOPT),
+    # A queued job's runPolicy.suspend: its Kueue Workload (de)activated, found by the RayJob's uid.
+    Permission("kueue.x-k8s.io", "workloads", ("list", "patch")),
     # Kubernetes Events on phase transitions and errors.
     Permission("", "events", ("create",)),
     Permission("events.k8s.io", "events", ("create",)),
 )
 
 
+# Leader election (`--leader-elect`): one Lease, in the operator's own namespace only (a Role there).
+ELECTION_PERMISSIONS: tuple[Permission, ...] = (
+    Permission("coordination.k8s.io", "leases", ("get", "create", "update")),
+)
+
+
 def granted(api_group: str, resource: str, verb: str) -> bool:
     return any(
-        p.api_group == api_group and p.resource == resource and verb in p.verbs for p in OPERATOR_PERMISSIONS
+        p.api_group == api_group and p.resource == resource and verb in p.verbs
+        for p in (*OPERATOR_PERMISSIONS, *ELECTION_PERMISSIONS)
     )

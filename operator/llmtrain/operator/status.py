@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmtrain.api.status import Phase
-from llmtrain.constants import KUEUE_QUEUE_LABEL
+from llmtrain.constants import KUEUE_QUEUE_LABEL, SUSPENDED_BY_USER_ANNOTATION
 
 CONDITION_TYPES = ("Created", "Running", "Succeeded", "Failed", "Suspended")
 
@@ -63,9 +63,12 @@ TERMINAL: frozenset[Phase] = frozenset({"Succeeded", "Failed"})
 _UNDER_WAY: frozenset[str] = frozenset({"Initializing", "Running", "Suspended"})
 
 
-def observe(rayjob_status: dict[str, Any] | None, queue: str | None = None) -> Observed:
+def observe(
+    rayjob_status: dict[str, Any] | None, queue: str | None = None, suspended_by_user: bool = False
+) -> Observed:
     """`queue`: the Kueue LocalQueue of a queued job. Kueue owns such a RayJob's `suspend`, so a
-    suspended one is waiting for admission (or was preempted), not suspended by its user."""
+    suspended one is waiting for admission (or was preempted), not suspended by its user, unless
+    its user asked (`suspended_by_user`: its Workload is deactivated)."""
     status = rayjob_status or {}
     deployment = str(status.get("jobDeploymentStatus") or "")
     phase, reason = _DEPLOYMENT.get(deployment, ("Pending", "Unknown" + deployment))
@@ -76,7 +79,12 @@ def observe(rayjob_status: dict[str, Any] | None, queue: str | None = None) -> O
         phase, reason = "Failed", "Stopped"
     detail = str(status.get("message") or "")
     base = _MESSAGES.get(reason, reason)
-    if queue and phase == "Suspended":
+    if queue and phase == "Suspended" and suspended_by_user:
+        base = (
+            f"suspended (runPolicy.suspend): its Kueue Workload is deactivated and holds no quota in "
+            f"LocalQueue {queue!r}; set runPolicy.suspend to false to queue it again"
+        )
+    elif queue and phase == "Suspended":
         phase, reason = "Pending", "Queued"
         base = (
             f"queued in Kueue LocalQueue {queue!r}: waiting for quota to admit it (a preempted job "
@@ -100,8 +108,11 @@ def derive(
     (conditions keep their transition times, the trainer's root cause joins a failure); and what
     the RayJob's state means (its reason names the transition's Event)."""
     labels = rayjob.get("metadata", {}).get("labels") or {}
+    annotations = rayjob.get("metadata", {}).get("annotations") or {}
+    held = annotations.get(SUSPENDED_BY_USER_ANNOTATION) == "true"
     observed = with_root_cause(
-        observe(dict(rayjob.get("status") or {}), labels.get(KUEUE_QUEUE_LABEL)), current.get("progress")
+        observe(dict(rayjob.get("status") or {}), labels.get(KUEUE_QUEUE_LABEL), held),
+        current.get("progress"),
     )
     if observed.reason == "RayJobCreated" and current.get("phase") in _UNDER_WAY:
         # KubeRay passes through New again on a resume and after a retry's clean-up: the job is not

@@ -18,6 +18,7 @@ from llmtrain.constants import (
     KUEUE_QUEUE_LABEL,
     RAY_VERSION,
     ROLE_LABEL,
+    SUSPENDED_BY_USER_ANNOTATION,
 )
 from llmtrain.render.labels import object_meta
 from llmtrain.render.names import configmap_name, rayjob_name, trainer_account_name
@@ -27,6 +28,7 @@ from llmtrain.render.storage import claim_name
 ENTRYPOINT = f"python -m llmtrain_trainer.main --config {CONFIG_PATH}"
 RAY_UID = 1000
 WORKER_GROUP = "workers"
+SUBMITTER_BACKOFF_LIMIT = 2  # re-runs of the submitter pod before the RayJob counts a failure
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,8 @@ class ImageSettings:
     trainer_image: str = DEFAULT_TRAINER_IMAGE
     ray_version: str = RAY_VERSION
     image_pull_policy: str = "IfNotPresent"
+    # Secrets (in each job's namespace) every trainer pod pulls with, before the spec's own.
+    pull_secrets: tuple[str, ...] = ()
 
 
 POD_SECURITY_CONTEXT: dict[str, Any] = {
@@ -75,6 +79,7 @@ def _volumes(job: LLMTrainingJob) -> list[dict[str, Any]]:
         {"name": "shared-storage", "persistentVolumeClaim": {"claimName": claim_name(job)}},
         {"name": "trainer-config", "configMap": {"name": configmap_name(job.metadata.name)}},
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": job.spec.resources.shared_memory}},
+        *(v.to_wire() for v in job.spec.pod_template.volumes),
     ]
 
 
@@ -83,7 +88,24 @@ def _mounts(job: LLMTrainingJob) -> list[dict[str, Any]]:
         {"name": "shared-storage", "mountPath": job.spec.storage.mount_path},
         {"name": "trainer-config", "mountPath": CONFIG_DIR, "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},
+        *(m.to_wire() for m in job.spec.pod_template.volume_mounts),
     ]
+
+
+def _pull_secrets(job: LLMTrainingJob, images: ImageSettings) -> list[dict[str, str]]:
+    """The operator's defaults, then the spec's, each Secret once."""
+    names = [*images.pull_secrets, *(s.name for s in job.spec.pod_template.image_pull_secrets)]
+    return [{"name": name} for name in dict.fromkeys(names)]
+
+
+def _template_metadata(job: LLMTrainingJob, labels: dict[str, str]) -> dict[str, Any]:
+    """The overlay's labels and annotations; the platform's labels last (the CRD refuses the
+    overlay's keys under them anyway)."""
+    overlay = job.spec.pod_template
+    meta: dict[str, Any] = {"labels": {**overlay.labels, **labels}}
+    if overlay.annotations:
+        meta["annotations"] = dict(overlay.annotations)
+    return meta
 
 
 def _pod_spec(
@@ -107,6 +129,8 @@ def _pod_spec(
         pod["tolerations"] = tolerations
     if res.priority_class_name:
         pod["priorityClassName"] = res.priority_class_name
+    if pull_secrets := _pull_secrets(job, images):
+        pod["imagePullSecrets"] = pull_secrets
     return pod
 
 
@@ -153,7 +177,7 @@ def _head_group(job: LLMTrainingJob, images: ImageSettings) -> dict[str, Any]:
         # num-cpus 0: no training worker is ever scheduled on the head.
         "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0"},
         "template": {
-            "metadata": {"labels": {JOB_LABEL: job.metadata.name, ROLE_LABEL: "head"}},
+            "metadata": _template_metadata(job, {JOB_LABEL: job.metadata.name, ROLE_LABEL: "head"}),
             "spec": _pod_spec(
                 job,
                 images,
@@ -183,7 +207,7 @@ def _worker_group(job: LLMTrainingJob, images: ImageSettings) -> dict[str, Any]:
         "maxReplicas": res.workers,
         "rayStartParams": {},
         "template": {
-            "metadata": {"labels": {JOB_LABEL: job.metadata.name, ROLE_LABEL: "worker"}},
+            "metadata": _template_metadata(job, {JOB_LABEL: job.metadata.name, ROLE_LABEL: "worker"}),
             "spec": _pod_spec(job, images, container, node_selector=node_selector, tolerations=tolerations),
         },
     }
@@ -200,7 +224,10 @@ def _submitter_template(job: LLMTrainingJob, images: ImageSettings) -> dict[str,
         placement["tolerations"] = tolerations
     if res.priority_class_name:
         placement["priorityClassName"] = res.priority_class_name
+    if pull_secrets := _pull_secrets(job, images):
+        placement["imagePullSecrets"] = pull_secrets
     return {
+        "metadata": _template_metadata(job, {JOB_LABEL: job.metadata.name, ROLE_LABEL: "submitter"}),
         "spec": {
             "restartPolicy": "Never",
             **placement,
@@ -217,15 +244,20 @@ def _submitter_template(job: LLMTrainingJob, images: ImageSettings) -> dict[str,
                     "securityContext": CONTAINER_SECURITY_CONTEXT,
                 }
             ],
-        }
+        },
     }
 
 
 def render_rayjob(job: LLMTrainingJob, images: ImageSettings) -> dict[str, Any]:
     policy = job.spec.run_policy
     meta = object_meta(job, rayjob_name(job.metadata.name), "training")
-    if policy.queue_name:
+    if policy.queue_name and not policy.suspend:
         meta["labels"][KUEUE_QUEUE_LABEL] = policy.queue_name
+    if policy.queue_name and policy.suspend:
+        # Created suspended, the RayJob is not given to Kueue until resumed (the label is added
+        # then, never removed): Kueue would admit it before its Workload could be deactivated.
+        # Suspended after it was queued, its Workload is deactivated (operator/workload.py).
+        meta["annotations"] = {SUSPENDED_BY_USER_ANNOTATION: "true"}
     spec: dict[str, Any] = {
         "entrypoint": ENTRYPOINT,
         # Always true: suspend and Kueue require it, and a finished job must release its GPUs.
@@ -234,12 +266,17 @@ def render_rayjob(job: LLMTrainingJob, images: ImageSettings) -> dict[str, Any]:
         "backoffLimit": policy.max_retries,
         # A queued job is created suspended, as Kueue expects; from then on Kueue owns the field.
         "suspend": policy.suspend or policy.queue_name is not None,
-        # One submitter attempt: an application failure must not be resubmitted (kuberay#2376);
-        # retries happen at the RayJob level on a fresh cluster, resuming from the checkpoint.
-        "submitterConfig": {"backoffLimit": 0},
+        # The submitter checks `ray job status` before it submits (KubeRay >= 1.3), so a re-run
+        # submitter re-attaches to the running Ray job instead of submitting a second one: a
+        # dropped log stream, a drained node or a preempted submitter costs a pod, not a retry on a
+        # fresh cluster. An application failure is read from the dashboard, not the exit code.
+        "submitterConfig": {"backoffLimit": SUBMITTER_BACKOFF_LIMIT},
         "submitterPodTemplate": _submitter_template(job, images),
         "rayClusterSpec": {
             "rayVersion": images.ray_version,
+            # Ray's dashboard and job API refuse requests without the cluster's token; KubeRay
+            # makes a per-cluster Secret (owned by the RayCluster) and injects it into every pod.
+            "authOptions": {"mode": "token"},
             "enableInTreeAutoscaling": False,
             "headGroupSpec": _head_group(job, images),
             "workerGroupSpecs": [_worker_group(job, images)],

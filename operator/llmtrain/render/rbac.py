@@ -24,8 +24,11 @@ def trainer_rules(job: LLMTrainingJob) -> list[dict[str, Any]]:
 def render_rbac(job: LLMTrainingJob) -> list[dict[str, Any]]:
     name = trainer_account_name(job.metadata.name)
     meta = object_meta(job, name, "trainer-identity")
+    account_meta = dict(meta)
+    if annotations := job.spec.pod_template.service_account_annotations:
+        account_meta["annotations"] = dict(annotations)
     return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": account_meta},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",

@@ -9,7 +9,12 @@ requests to this server, absolute URI and all; the API server (https, 127.0.0.1)
 A Ray job is RUNNING until a test says otherwise: `PUT /control/<namespace>/<rayjob>` with
 `{"status": "SUCCEEDED"|"FAILED"|"RUNNING"|"STOPPED", "message": "..."}` sets the status of every
 Ray job submitted for that RayJob (KubeRay names each submission `<rayjob>-<suffix>`).
-`GET /control` lists what was asked, for debugging.
+`GET /control` lists what was asked, for debugging, and the Ray auth token each Ray cluster's
+requests carried.
+
+Like Ray's dashboard with token authentication on (KubeRay's `authOptions.mode: token`, which every
+rendered RayJob sets), a job request without `x-ray-authorization: Bearer <token>` is refused with
+401, so a RayJob rendered without authentication can never leave Running here either.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ class _State:
         self.outcomes: dict[tuple[str, str], dict[str, str]] = {}
         self.started: dict[str, float] = {}
         self.seen: list[str] = []
+        self.tokens: dict[str, str] = {}
 
     def job_info(self, namespace: str, job_id: str) -> dict[str, Any]:
         with self.lock:
@@ -86,6 +92,11 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             if not host_match or not job_match:
                 return self._reply(404, {"error": f"fake dashboard: no route for {method} {self.path}"})
             namespace = host_match.group("namespace")
+            token = self.headers.get("x-ray-authorization", "").removeprefix("Bearer ").strip()
+            if not token:
+                return self._reply(401, {"error": "Unauthorized: a Ray auth token is required"})
+            with state.lock:
+                state.tokens[f"{namespace}/{host_match.group('cluster')}"] = token
             if job_match.group("stop"):
                 return self._reply(200, {"stopped": True})
             if method == "DELETE":
@@ -97,7 +108,9 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             if method == "GET":
                 with state.lock:
                     listed = {f"{ns}/{job}": v for (ns, job), v in state.outcomes.items()}
-                    return self._reply(200, {"outcomes": listed, "seen": state.seen[-50:]})
+                    return self._reply(
+                        200, {"outcomes": listed, "seen": state.seen[-50:], "tokens": dict(state.tokens)}
+                    )
             if method == "PUT" and len(parts) == 2:
                 outcome = json.loads(body or b"{}")
                 with state.lock:
