@@ -681,5 +681,5 @@ def test_operator_killed_mid_run_converges_without_duplicates_and_picks_up_new_j
     assert owners == [TINY, second], owners
     assert ray_cluster in {c["metadata"]["name"] for c in clusters}
     for name in (TINY, second):
-        pods = items(cluster, "pods", ns, f"llmtrain.dev/job={name}")
+        pods = items(cluster, "pods", ns, f"llmtrain.dev/job={name},llmtrain.dev/role!=submitter")
         assert len(pods) == 3, [p["metadata"]["name"] for p in pods]  # one head, two workers

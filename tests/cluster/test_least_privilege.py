@@ -25,6 +25,7 @@ from tests.cluster.conftest import (
 )
 from tests.support.cluster import audit
 from tests.support.cluster.cluster import Cluster
+from tests.support.cluster.kueue import kueue_queue_objects
 
 # Declared for clusters and Kopf versions that post Events through events.k8s.io; Kopf 1.45 posts
 # them through core/v1.
@@ -35,6 +36,15 @@ NOT_CALLED_HERE = {("events.k8s.io", "events", "create")}
 def test_one_jobs_life_uses_every_declared_call_and_nothing_else(
     cluster: Cluster, operator: OperatorProcess, namespace: str, tmp_path: Path
 ) -> None:
+    queue = kueue_queue_objects(
+        cluster_queue=f"cq-{namespace}"[:63],
+        local_queue="lp-queue",
+        namespace=namespace,
+        flavor=f"flavor-{namespace}"[:63],
+        gpus=0,
+        cpus="20",
+        memory="100Gi",
+    )
     operator.stop()
     mark = audit.size(cluster.audit_log)
     fresh = start_operator(cluster, tmp_path, "least-privilege")
@@ -64,9 +74,24 @@ def test_one_jobs_life_uses_every_declared_call_and_nothing_else(
             what="the RayJob adopted",
         )
         wait_phase(cluster, namespace, "lp", "Suspended")
+        # A queued job that its user suspends: its Kueue Workload is found and deactivated.
+        cluster.apply(queue)
+        queued = cpu_job("lpq", namespace)
+        queued["spec"]["runPolicy"]["queueName"] = "lp-queue"
+        apply_doc(cluster, queued)
+        wait_phase(cluster, namespace, "lpq", "Running")
+        queued["spec"]["runPolicy"]["suspend"] = True
+        apply_doc(cluster, queued)
+        wait_phase(cluster, namespace, "lpq", "Suspended")
     finally:
         fresh.stop()
         operator.start()
+        cluster.kubectl(
+            "delete",
+            "--ignore-not-found",
+            "--wait=false",
+            *(f"{o['kind']}/{o['metadata']['name']}" for o in queue[:2]),
+        )
 
     made = assert_only_declared_calls(cluster, since=mark)
     used = {c.permission for c in made}

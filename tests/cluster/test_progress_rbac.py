@@ -93,7 +93,7 @@ def test_reporter_with_the_job_token_patches_its_own_status_shown_by_kubectl(
     # reporter finds in a pod are this identity's.
     account = trainer_account_name("tiny")
     pods = items(cluster, "pods", namespace, "llmtrain.dev/job=tiny")
-    assert {p["metadata"]["labels"]["llmtrain.dev/role"] for p in pods} == {"head", "worker"}
+    assert {p["metadata"]["labels"]["llmtrain.dev/role"] for p in pods} == {"head", "worker", "submitter"}
     for pod in pods:
         assert pod["spec"]["serviceAccountName"] == account
         sources = [s for v in pod["spec"]["volumes"] for s in v.get("projected", {}).get("sources", [])]

@@ -224,7 +224,7 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
     ),
     (
         "pod-mount-of-no-volume",
-        spec("podTemplate", {"volumeMounts": [{"name": "y", "mountPath": "/data"}]}),
+        spec("podTemplate", {"volumeMounts": [{"name": "data", "mountPath": "/data"}]}),
         "podTemplate.volumeMounts",
         True,
     ),
