@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from llmtrain.operator.permissions import granted
 
 from tests.support.cluster import audit, nodes, processes
@@ -265,8 +264,11 @@ def items(cluster: Cluster, kind: str, namespace: str, selector: str | None = No
 def apply_doc(
     cluster: Cluster, doc: dict[str, Any], *, check: bool = True
 ) -> subprocess.CompletedProcess[str]:
-    """`kubectl apply` of one document, as a user would (client-side, strict field validation)."""
-    return cluster.kubectl("apply", "--validate=strict", "-f", "-", input=yaml.safe_dump(doc), check=check)
+    """`kubectl apply` of one document, as a user would (client-side, strict field validation).
+
+    Sent as JSON: kubectl reads YAML 1.1, where a plain `y` or `no` is a boolean, so a value that is
+    a string to PyYAML could reach the API server as another type."""
+    return cluster.kubectl("apply", "--validate=strict", "-f", "-", input=json.dumps(doc), check=check)
 
 
 def job_status(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
