@@ -218,16 +218,18 @@ def test_argocd_applications_apply_the_crd_server_side() -> None:
     assert "argocd app delete llmtrain --cascade=false" in DOC
 
 
-def test_only_a_templated_crd_could_carry_the_keep_policy() -> None:
-    """The docs say the CRD is not templated, so `helm.sh/resource-policy: keep` has nothing to
-    guard. Should a template ever render a CRD, it must carry the policy (Helm would otherwise
-    delete it, with every job, on uninstall) and the docs must change."""
+def test_the_crd_is_kept_when_a_gitops_app_is_deleted_or_prunes() -> None:
+    """Deleting the CRD deletes every job with it. The shipped CRD (chart crds/ and manifests/)
+    carries Helm's keep policy, which Argo CD honours, and Flux's prune opt-out; no template renders
+    a CRD (Helm would delete it on uninstall)."""
+    for path in (CHART / "crds" / CRD_FILENAME, ROOT / "manifests" / "crds" / CRD_FILENAME):
+        annotations = yaml.safe_load(path.read_text())["metadata"]["annotations"]
+        assert annotations["helm.sh/resource-policy"] == "keep", path
+        assert annotations["kustomize.toolkit.fluxcd.io/prune"] == "disabled", path
     for value_set in ALL_SETS:
-        for crd in find(render_set(value_set), "CustomResourceDefinition"):
-            assert crd["metadata"].get("annotations", {}).get("helm.sh/resource-policy") == "keep"
         assert not find(render_set(value_set), "CustomResourceDefinition"), "update README and docs/argocd.md"
     assert "The CRD ships in `crds/` only" in README
-    assert "carries no `helm.sh/resource-policy: keep`" in DOC
+    assert "carries `helm.sh/resource-policy: keep`" in DOC
 
 
 def test_documented_server_side_applies_force_conflicts() -> None:

@@ -283,6 +283,69 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
         "podTemplate.imagePullSecrets",
         True,
     ),
+    # What KubeRay or Kubernetes would refuse later (a stuck pod or ValidationFailed), refused now.
+    (
+        "toleration-exists-with-value",
+        spec("resources", {"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}),
+        "resources.tolerations",
+        True,
+    ),
+    (
+        "toleration-bad-value",
+        spec("resources", {"tolerations": [{"key": "k", "operator": "Equal", "value": "a b"}]}),
+        "value",
+        True,
+    ),
+    (
+        "node-selector-bad-key",
+        spec("resources", {"nodeSelector": {"a/b/c": "x"}}),
+        "resources.nodeSelector",
+        True,
+    ),
+    (
+        "node-selector-bad-value",
+        spec("resources", {"nodeSelector": {"pool": "gpu pool"}}),
+        "nodeSelector",
+        True,
+    ),
+    ("accelerator-type-bad", spec("resources", {"acceleratorType": "H100 80GB"}), "acceleratorType", True),
+    (
+        "gpu-resource-not-a-gpu",
+        spec("resources", {"gpuResourceName": "example.com/accelerator", "gpusPerWorker": 1}),
+        "resources.gpuResourceName",
+        True,
+    ),
+    (
+        "storage-mounted-over-shm",
+        spec("storage", {"claimName": "c", "mountPath": "/dev/shm"}),
+        "storage.mountPath",
+        True,
+    ),
+    (
+        "storage-created-read-write-once",
+        spec("storage", {"create": {"size": "1Gi", "accessModes": ["ReadWriteOnce"]}}),
+        "storage.create.accessModes",
+        True,
+    ),
+    (
+        "env-redis-address",
+        spec("network", {"env": [{"name": "RAY_REDIS_ADDRESS", "value": "redis:6379"}]}),
+        "network.env",
+        True,
+    ),
+    (
+        "env-autoscaler-v2",
+        spec("network", {"env": [{"name": "RAY_enable_autoscaler_v2", "value": "1"}]}),
+        "network.env",
+        True,
+    ),
+    # Quantities: compared by `llmtrain validate` and the operator (the CRD's CEL has no quantities).
+    (
+        "shared-memory-over-memory",
+        spec("resources", {"memory": "8Gi", "sharedMemory": "16Gi"}),
+        "resources.sharedMemory",
+        False,
+    ),
     # Inside the inline model config (preserve-unknown in the CRD): the API server accepts these;
     # `llmtrain validate` and the operator refuse them before anything is created.
     ("config-without-model-type", inline_config(model_type=None), "model.config.model_type", False),

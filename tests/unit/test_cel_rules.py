@@ -121,6 +121,50 @@ CASES.update(
         _rule("podTemplate.labels keys under"): [
             ({"example.com/x": "1"}, {"ray.io/node-type": "worker"}, None),
         ],
+        _rule("resources.tolerations: operator Exists"): [
+            ({"operator": "Exists"}, {"operator": "Exists", "value": "v"}, None),
+            ({"operator": "Equal", "value": "v"}, {"operator": "Exists", "value": "x"}, None),
+        ],
+        _rule("resources.gpuResourceName must end in 'gpu'"): [
+            (
+                {"gpusPerWorker": 1, "gpuResourceName": "amd.com/gpu"},
+                {"gpusPerWorker": 1, "gpuResourceName": "x.io/tpu"},
+                None,
+            ),
+            (
+                {"gpusPerWorker": 1, "gpuResourceName": "nvidia.com/mig-2g.32gb"},
+                {"gpusPerWorker": 1, "gpuResourceName": "nvidia.com/mig-2g"},
+                None,
+            ),
+            (
+                {"gpusPerWorker": 0, "gpuResourceName": "x.io/tpu"},
+                {"gpusPerWorker": 2, "gpuResourceName": "cpu"},
+                None,
+            ),
+        ],
+        _rule("resources.nodeSelector keys must be valid"): [({"pool": "a"}, {"bad key": "a"}, None)],
+        _rule("storage.mountPath cannot be"): [
+            ({"mountPath": "/mnt/data"}, {"mountPath": "/dev/shm"}, None),
+            ({"mountPath": "/etc/llmtrain-data"}, {"mountPath": "/etc/llmtrain/x"}, None),
+            ({}, {"mountPath": "/"}, None),
+        ],
+        _rule("storage.create.accessModes must include ReadWriteMany"): [
+            (
+                {"create": {"accessModes": ["ReadWriteMany", "ReadWriteOnce"]}},
+                {"create": {"accessModes": ["ReadWriteOnce"]}},
+                None,
+            ),
+        ],
+        _rule("network.env cannot set RAY_REDIS_ADDRESS"): [
+            ({"name": "NCCL_DEBUG"}, {"name": "REDIS_PASSWORD"}, None),
+        ],
+        _rule("network.env cannot turn on RAY_enable_autoscaler_v2"): [
+            (
+                {"name": "RAY_enable_autoscaler_v2", "value": "0"},
+                {"name": "RAY_enable_autoscaler_v2", "value": "true"},
+                None,
+            ),
+        ],
         _rule("podTemplate.volumeMounts cannot mount at or under storage.mountPath"): [
             (
                 {

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from llmtrain.api.validation import parse_job
+from llmtrain.quantity import parse_quantity
 from llmtrain.render import render
 
 from tests.support.jobs import EXAMPLES, minimal_job
@@ -72,17 +73,21 @@ def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
         else {
             "create": {
                 "size": draw(memories),
-                "accessModes": [draw(st.sampled_from(["ReadWriteMany", "ReadWriteOnce"]))],
+                # The head and every worker mount it: ReadWriteMany is required (a CEL rule).
+                "accessModes": draw(st.sampled_from([["ReadWriteMany"], ["ReadWriteMany", "ReadWriteOnce"]])),
             }
         }
     )
     storage["mountPath"] = draw(st.sampled_from(["/mnt/llmtrain", "/data", "/mnt/shared/x"]))
+    memory = draw(memories)
+    # /dev/shm counts against the worker's memory: never larger than it (a model validator).
+    fitting = [m for m in ("256Mi", "8Gi", "64Gi") if parse_quantity(m) <= parse_quantity(memory)]
     resources: dict[str, Any] = {
         "workers": draw(st.integers(1, 64)),
         "gpusPerWorker": gpus,
         "cpu": draw(quantities),
-        "memory": draw(memories),
-        "sharedMemory": draw(st.sampled_from(["256Mi", "8Gi", "64Gi"])),
+        "memory": memory,
+        "sharedMemory": draw(st.sampled_from(fitting)),
     }
     if draw(st.booleans()):
         resources["acceleratorType"] = "NVIDIA-A100-SXM4-80GB"

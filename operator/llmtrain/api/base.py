@@ -27,6 +27,15 @@ QUALIFIED_NAME = (
 )
 
 
+LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+# A label or annotation key: an optional DNS subdomain prefix and a name of at most 63 characters.
+# In CEL (RE2) syntax, applied to map keys, which a CRD schema cannot constrain otherwise.
+METADATA_KEY = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+
+
 def cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
     """One `x-kubernetes-validations` entry; the message should say what to change."""
     entry: JsonDict = {"rule": rule, "message": message}
@@ -60,3 +69,24 @@ class ApiModel(BaseModel):
         """The object as it is written to the Kubernetes API (camelCase, unset fields absent)."""
         data: dict[str, Any] = self.model_dump(by_alias=True, exclude_none=True, mode="json")
         return data
+
+
+def metadata_keys_rule(what: str, reserved: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A map field's rules: its keys are valid Kubernetes keys, outside the reserved prefixes."""
+    rules: list[Any] = [
+        cel(
+            f"self.all(k, size(k) <= 316 && k.matches('{METADATA_KEY}'))",
+            f"{what} keys must be valid Kubernetes keys ([prefix/]name, name at most 63 characters "
+            "of letters, digits, '-', '_' and '.')",
+        )
+    ]
+    if reserved:
+        prefixes = " || ".join(f"k.startsWith('{p}')" for p in reserved)
+        rules.append(
+            cel(
+                f"!self.exists(k, {prefixes})",
+                f"{what} keys under {', '.join(reserved)} belong to the platform and KubeRay: "
+                "use your own prefix",
+            )
+        )
+    return {"x-kubernetes-validations": rules}

@@ -201,6 +201,12 @@ def openapi_schema() -> dict[str, Any]:
     return root
 
 
+CRD_KEEP_ANNOTATIONS = {
+    "helm.sh/resource-policy": "keep",
+    "kustomize.toolkit.fluxcd.io/prune": "disabled",
+}
+
+
 def crd() -> dict[str, Any]:
     """The complete CustomResourceDefinition object."""
     return {
@@ -209,6 +215,10 @@ def crd() -> dict[str, Any]:
         "metadata": {
             "name": f"{PLURAL}.{API_GROUP}",
             "labels": {"app.kubernetes.io/name": "llmtrain", "app.kubernetes.io/part-of": "llmtrain"},
+            # Deleting the CRD deletes every job, its RayJob and its created PVC with the
+            # checkpoints. Helm never deletes crds/; these keep GitOps tools from doing it on an
+            # app deletion or prune: Argo CD (2.8+) honours Helm's keep policy, Flux its own.
+            "annotations": CRD_KEEP_ANNOTATIONS,
         },
         "spec": {
             "group": API_GROUP,

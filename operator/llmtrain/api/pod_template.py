@@ -13,17 +13,10 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field
 
-from llmtrain.api.base import DNS1123_SUBDOMAIN, ApiModel, cel
+from llmtrain.api.base import DNS1123_SUBDOMAIN, LABEL_VALUE, ApiModel, cel, metadata_keys_rule
 from llmtrain.constants import API_GROUP, CONFIG_DIR
 
 DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
-# A label or annotation key: an optional DNS subdomain prefix and a name of at most 63 characters.
-# In CEL (RE2) syntax, applied to map keys, which a CRD schema cannot constrain otherwise.
-METADATA_KEY = (
-    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
-)
 # The pods' own labels: the job and role labels the operator selects on, and KubeRay's.
 RESERVED_LABEL_PREFIXES = (f"{API_GROUP}/", "ray.io/")
 # Volumes the platform mounts (render/rayjob.py) and the one KubeRay adds for Ray's auth token.
@@ -46,27 +39,6 @@ Metadata = Annotated[
 ]
 Annotations = Annotated[dict[str, Annotated[str, Field(max_length=4096)]], Field(max_length=64)]
 VolumeSource = dict[str, Any] | None
-
-
-def _keys_rule(what: str, reserved: tuple[str, ...] = ()) -> dict[str, Any]:
-    """A map field's rules: its keys are valid Kubernetes keys, outside the reserved prefixes."""
-    rules: list[Any] = [
-        cel(
-            f"self.all(k, size(k) <= 316 && k.matches('{METADATA_KEY}'))",
-            f"{what} keys must be valid Kubernetes keys ([prefix/]name, name at most 63 characters "
-            "of letters, digits, '-', '_' and '.')",
-        )
-    ]
-    if reserved:
-        prefixes = " || ".join(f"k.startsWith('{p}')" for p in reserved)
-        rules.append(
-            cel(
-                f"!self.exists(k, {prefixes})",
-                f"{what} keys under {', '.join(reserved)} belong to the platform and KubeRay: "
-                "use your own prefix",
-            )
-        )
-    return {"x-kubernetes-validations": rules}
 
 
 class LocalObjectReference(ApiModel):
@@ -163,18 +135,18 @@ class PodTemplateOverlay(ApiModel):
     labels: Metadata = Field(
         default_factory=dict,
         description="Labels of the Ray pods (not under llmtrain.dev/ or ray.io/).",
-        json_schema_extra=_keys_rule("podTemplate.labels", RESERVED_LABEL_PREFIXES),
+        json_schema_extra=metadata_keys_rule("podTemplate.labels", RESERVED_LABEL_PREFIXES),
     )
     annotations: Annotations = Field(
         default_factory=dict,
         description='Annotations of the Ray pods (e.g. sidecar.istio.io/inject: "false").',
-        json_schema_extra=_keys_rule("podTemplate.annotations"),
+        json_schema_extra=metadata_keys_rule("podTemplate.annotations"),
     )
     service_account_annotations: Annotations = Field(
         default_factory=dict,
         description="Annotations of the trainer's ServiceAccount (e.g. eks.amazonaws.com/role-arn, "
         "iam.gke.io/gcp-service-account for workload identity).",
-        json_schema_extra=_keys_rule("podTemplate.serviceAccountAnnotations"),
+        json_schema_extra=metadata_keys_rule("podTemplate.serviceAccountAnnotations"),
     )
     image_pull_secrets: Annotated[list[LocalObjectReference], Field(max_length=16)] = Field(
         default_factory=list,

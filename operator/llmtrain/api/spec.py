@@ -10,19 +10,22 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from llmtrain.api.base import (
     DNS1123_SUBDOMAIN,
     ENV_NAME_PATTERN,
+    LABEL_VALUE,
     QUALIFIED_NAME,
     QUANTITY_PATTERN,
     ApiModel,
     cel,
     immutable,
+    metadata_keys_rule,
 )
 from llmtrain.api.pod_template import PodTemplateOverlay
-from llmtrain.constants import DEFAULT_MOUNT_PATH
+from llmtrain.constants import CONFIG_DIR, DEFAULT_MOUNT_PATH
+from llmtrain.quantity import parse_quantity
 
 # KubeRay derives pod and service names from the RayJob name and caps it at 47 characters.
 MAX_NAME_LENGTH = 47
@@ -320,9 +323,24 @@ class CheckpointSpec(ApiModel):
 class Toleration(ApiModel):
     """A pod toleration (core/v1 Toleration)."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || "
+                    "self.value == ''",
+                    "resources.tolerations: operator Exists matches any value; drop value or use Equal",
+                    ".value",
+                ),
+            ]
+        }
+    )
+
     key: Annotated[str, Field(max_length=316)] | None = Field(default=None, description="Taint key.")
     operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal.")
-    value: Annotated[str, Field(max_length=63)] | None = Field(default=None, description="Taint value.")
+    value: Annotated[str, Field(max_length=63, pattern=LABEL_VALUE)] | None = Field(
+        default=None, description="Taint value."
+    )
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         default=None, description="Taint effect to tolerate; all effects when empty."
     )
@@ -341,6 +359,36 @@ class HeadResources(ApiModel):
 class ResourcesSpec(ApiModel):
     """Workers, accelerators and placement."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.gpusPerWorker == 0 || !has(self.gpuResourceName) || "
+                    "self.gpuResourceName.endsWith('gpu') || "
+                    "self.gpuResourceName.matches('^nvidia\\\\.com/mig-[0-9]+g\\\\.[0-9]+gb$')",
+                    "resources.gpuResourceName must end in 'gpu' (e.g. nvidia.com/gpu, amd.com/gpu) or be an "
+                    "NVIDIA MIG resource (nvidia.com/mig-<n>g.<m>gb): KubeRay gives Ray no GPUs otherwise "
+                    "and training waits forever",
+                    ".gpuResourceName",
+                ),
+            ]
+        }
+    )
+
+    @model_validator(mode="after")
+    def _shared_memory_fits(self) -> ResourcesSpec:
+        """/dev/shm is memory-backed and counts against the worker's memory limit: a larger one
+        gets the pod OOM-killed as soon as NCCL or the object store fills it. (Quantities are
+        compared here, by `llmtrain validate` and the operator; the product's CEL engine has no
+        Kubernetes quantity library.)"""
+        if parse_quantity(self.shared_memory) > parse_quantity(self.memory):
+            raise ValueError(
+                f"resources.sharedMemory ({self.shared_memory}) is larger than resources.memory "
+                f"({self.memory}): /dev/shm counts against the worker's memory; lower sharedMemory "
+                "or raise memory"
+            )
+        return self
+
     workers: int = Field(
         default=1, ge=1, le=1024, description="Ray worker pods (one training process per GPU)."
     )
@@ -350,7 +398,7 @@ class ResourcesSpec(ApiModel):
     gpu_resource_name: Annotated[str, Field(pattern=QUALIFIED_NAME, max_length=253)] = Field(
         default="nvidia.com/gpu", description="Extended resource name of the accelerator."
     )
-    accelerator_type: Annotated[str, Field(min_length=1, max_length=63)] | None = Field(
+    accelerator_type: Annotated[str, Field(min_length=1, max_length=63, pattern=LABEL_VALUE)] | None = Field(
         default=None,
         description="Node label value selecting the accelerator model (e.g. NVIDIA-H100-80GB-HBM3).",
     )
@@ -365,8 +413,12 @@ class ResourcesSpec(ApiModel):
         "need more than the 64Mi default); counts against the pod's memory.",
     )
     head: HeadResources = Field(default_factory=HeadResources, description="Ray head pod resources.")
-    node_selector: Annotated[dict[str, Annotated[str, Field(max_length=63)]], Field(max_length=64)] = Field(
-        default_factory=dict, description="Extra node labels the worker pods require."
+    node_selector: Annotated[
+        dict[str, Annotated[str, Field(max_length=63, pattern=LABEL_VALUE)]], Field(max_length=64)
+    ] = Field(
+        default_factory=dict,
+        description="Extra node labels the worker pods require.",
+        json_schema_extra=metadata_keys_rule("resources.nodeSelector"),
     )
     tolerations: Annotated[list[Toleration], Field(max_length=32)] = Field(
         default_factory=list,
@@ -415,6 +467,23 @@ class StorageSpec(ApiModel):
                     "set exactly one of storage.claimName (an existing ReadWriteMany PVC) or "
                     "storage.create (a PVC made for this job)",
                 ),
+                cel(
+                    "!has(self.mountPath) || !(self.mountPath in ['/', '/dev/shm', '"
+                    + CONFIG_DIR
+                    + "'] || self.mountPath.startsWith('/dev/shm/') || self.mountPath.startsWith('"
+                    + CONFIG_DIR
+                    + "/'))",
+                    f"storage.mountPath cannot be /, /dev/shm or {CONFIG_DIR}: the platform mounts shared "
+                    "memory and the trainer config there",
+                    ".mountPath",
+                ),
+                cel(
+                    "!has(self.create) || !has(self.create.accessModes) || "
+                    "self.create.accessModes.exists(m, m == 'ReadWriteMany')",
+                    "storage.create.accessModes must include ReadWriteMany: the Ray head and every worker "
+                    "mount the storage, on different nodes (use storage.claimName for an existing claim)",
+                    ".create.accessModes",
+                ),
             ]
         }
     )
@@ -439,6 +508,18 @@ class EnvVar(ApiModel):
                     "!self.name.startsWith('LLMTRAIN_')",
                     "network.env names starting with LLMTRAIN_ are reserved for the trainer; rename it",
                     ".name",
+                ),
+                cel(
+                    "!(self.name in ['RAY_REDIS_ADDRESS', 'REDIS_PASSWORD', 'REDIS_USERNAME'])",
+                    "network.env cannot set RAY_REDIS_ADDRESS, REDIS_PASSWORD or REDIS_USERNAME: KubeRay "
+                    "refuses them outside its GCS fault-tolerance options",
+                    ".name",
+                ),
+                cel(
+                    "self.name != 'RAY_enable_autoscaler_v2' || !(self.value in ['1', 'true'])",
+                    "network.env cannot turn on RAY_enable_autoscaler_v2: the workers are a fixed gang "
+                    "and KubeRay refuses it without in-tree autoscaling",
+                    ".value",
                 ),
             ]
         }

@@ -6,7 +6,7 @@ from pathlib import Path, PurePosixPath
 
 from llmtrain.api.job import LLMTrainingJob
 from llmtrain.api.trainer_config import JobRef, ProgressSpec, ScalingSpec, TrainerConfig
-from llmtrain.render.quantity import cpu_cores
+from llmtrain.quantity import cpu_cores
 
 
 def run_storage_path(job: LLMTrainingJob) -> str:

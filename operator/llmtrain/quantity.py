@@ -1,4 +1,4 @@
-"""The little Kubernetes quantity arithmetic rendering needs (CPU cores, bytes)."""
+"""The little Kubernetes quantity arithmetic the models and rendering need (CPU cores, bytes)."""
 
 from __future__ import annotations
 
