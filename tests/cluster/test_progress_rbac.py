@@ -94,6 +94,11 @@ def test_reporter_with_the_job_token_patches_its_own_status_shown_by_kubectl(
     account = trainer_account_name("tiny")
     pods = items(cluster, "pods", namespace, "llmtrain.dev/job=tiny")
     assert {p["metadata"]["labels"]["llmtrain.dev/role"] for p in pods} == {"head", "worker", "submitter"}
+    # The submitter only talks to Ray's job API: it carries no Kubernetes credentials at all.
+    (submitter,) = [p for p in pods if p["metadata"]["labels"]["llmtrain.dev/role"] == "submitter"]
+    assert submitter["spec"]["automountServiceAccountToken"] is False
+    assert not any("projected" in v for v in submitter["spec"].get("volumes", []))
+    pods = [p for p in pods if p is not submitter]
     for pod in pods:
         assert pod["spec"]["serviceAccountName"] == account
         sources = [s for v in pod["spec"]["volumes"] for s in v.get("projected", {}).get("sources", [])]

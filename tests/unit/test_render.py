@@ -359,8 +359,9 @@ def test_the_pod_template_overlay_reaches_every_trainer_pod_and_the_service_acco
         assert pod["volumes"][-1] == OVERLAY["volumes"][0]
         assert [v["name"] for v in pod["volumes"]] == ["shared-storage", "trainer-config", "dshm", "data"]
         assert pod["containers"][0]["volumeMounts"][-1] == OVERLAY["volumeMounts"][0]
-    # The submitter runs no training code: no extra volumes.
+    # The submitter runs no training code: no extra volumes, and no Kubernetes credentials.
     assert "volumes" not in templates["submitter"]["spec"]
+    assert templates["submitter"]["spec"]["automountServiceAccountToken"] is False
     account = objects["ServiceAccount"]
     assert account["metadata"]["annotations"] == OVERLAY["serviceAccountAnnotations"]
     assert "annotations" not in objects["Role"]["metadata"]

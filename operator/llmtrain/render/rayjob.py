@@ -230,6 +230,9 @@ def _submitter_template(job: LLMTrainingJob, images: ImageSettings) -> dict[str,
         "metadata": _template_metadata(job, {JOB_LABEL: job.metadata.name, ROLE_LABEL: "submitter"}),
         "spec": {
             "restartPolicy": "Never",
+            # It talks to Ray's job API only (with the Ray token KubeRay injects), never to
+            # Kubernetes: no ServiceAccount token in it.
+            "automountServiceAccountToken": False,
             **placement,
             "securityContext": POD_SECURITY_CONTEXT,
             "containers": [
