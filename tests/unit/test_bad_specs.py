@@ -339,6 +339,19 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
         "network.env",
         True,
     ),
+    (
+        "image-with-upper-case-path",
+        spec("resources", {"image": "ghcr.io/LLMTrain/trainer:1"}),
+        "resources.image",
+        True,
+    ),
+    ("image-with-a-space", spec("resources", {"image": "trainer:latest build"}), "resources.image", True),
+    (
+        "dataset-path-escapes-the-storage",
+        spec("dataset", {"path": "../other-team/data.jsonl"}),
+        "dataset.path",
+        True,
+    ),
     # Quantities: compared by `llmtrain validate` and the operator (the CRD's CEL has no quantities).
     (
         "shared-memory-over-memory",

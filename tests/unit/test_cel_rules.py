@@ -121,6 +121,10 @@ CASES.update(
         _rule("podTemplate.labels keys under"): [
             ({"example.com/x": "1"}, {"ray.io/node-type": "worker"}, None),
         ],
+        _rule("dataset.path cannot contain a '..' segment"): [
+            ({"path": "data/a..b.jsonl"}, {"path": "data/../x"}, None),
+            ({"name": "d"}, {"path": ".."}, None),
+        ],
         _rule("resources.tolerations: operator Exists"): [
             ({"operator": "Exists"}, {"operator": "Exists", "value": "v"}, None),
             ({"operator": "Equal", "value": "v"}, {"operator": "Exists", "value": "x"}, None),

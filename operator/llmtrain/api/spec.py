@@ -15,6 +15,7 @@ from pydantic import ConfigDict, Field, model_validator
 from llmtrain.api.base import (
     DNS1123_SUBDOMAIN,
     ENV_NAME_PATTERN,
+    IMAGE_REFERENCE,
     LABEL_VALUE,
     QUALIFIED_NAME,
     QUANTITY_PATTERN,
@@ -109,6 +110,12 @@ class DatasetSpec(ApiModel):
                     "has(self.name) != has(self.path)",
                     "set exactly one of dataset.name (a hub dataset id) or dataset.path "
                     "(jsonl, parquet or text files on the shared storage)",
+                ),
+                cel(
+                    "!has(self.path) || !self.path.matches('(^|/)\\\\.\\\\.(/|$)')",
+                    "dataset.path cannot contain a '..' segment: a relative path stays under "
+                    "storage.mountPath",
+                    ".path",
                 ),
             ]
         }
@@ -428,8 +435,10 @@ class ResourcesSpec(ApiModel):
     priority_class_name: Annotated[str, Field(pattern=DNS1123_SUBDOMAIN, max_length=253)] | None = Field(
         default=None, description="PriorityClass of every Ray pod."
     )
-    image: Annotated[str, Field(min_length=1, max_length=512)] | None = Field(
-        default=None, description="Trainer image override; defaults to the operator's configured image."
+    image: Annotated[str, Field(min_length=1, max_length=512, pattern=IMAGE_REFERENCE)] | None = Field(
+        default=None,
+        description="Trainer image override ([registry/]path[:tag][@digest]); defaults to the operator's "
+        "configured image.",
     )
 
 
