@@ -43,9 +43,9 @@ def run_shape(config: TrainerConfig) -> dict[str, Any]:
 
 def resolve(source: ResumeSource, own_run_dir: Path) -> Seed:
     if source.run is not None:
-        run_dir = find_run(Path(source.runs_root), source.run)
-        if run_dir.resolve() == own_run_dir.resolve():
+        if source.run in (own_run_dir.name, f"{own_run_dir.parent.name}/{own_run_dir.name}"):
             raise ResumeFromError(f"resumeFrom.run {source.run!r} names this job's own run")
+        run_dir = find_run(Path(source.runs_root), source.run)
         latest = latest_checkpoint(run_dir)
         if latest is None:
             raise ResumeFromError(f"resumeFrom.run {source.run!r}: {run_dir} holds no complete checkpoint")
