@@ -57,8 +57,12 @@ IMMUTABLE = [
     ("storage", {"claimName": "another"}),
     ("runPolicy.maxRetries", 9),
     ("runPolicy.queueName", "gpu-queue"),  # joining a queue later would bypass Kueue's admission
+    ("resumeFrom", {"run": "old-job/uid-0"}),  # a running run would load another run's state
 ]
-MESSAGES = {"runPolicy.queueName": "spec.runPolicy.queueName cannot be added or removed after creation"}
+MESSAGES = {
+    "runPolicy.queueName": "spec.runPolicy.queueName cannot be added or removed after creation",
+    "resumeFrom": "spec.resumeFrom cannot be added or removed after creation",
+}
 
 
 @pytest.mark.parametrize(("path", "value"), IMMUTABLE, ids=[p for p, _ in IMMUTABLE])

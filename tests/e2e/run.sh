@@ -32,7 +32,7 @@ JOB_NS="llmtrain-e2e"
 JOB="tiny-cpu"
 CLAIM="tiny-cpu-data"
 MOUNT="/mnt/llmtrain" # the example's storage.mountPath (the API default)
-RUN_DIR="${MOUNT}/runs/${JOB_NS}/${JOB}"
+JOB_DIR="${MOUNT}/runs/${JOB_NS}/${JOB}" # the job's runs: one per uid, <JOB_DIR>/<metadata.uid>
 CHECKPOINT_GLOB="checkpoint-step-*" # the trainer's checkpoint directories (llmtrain_trainer.rundir)
 EXPORT_DIR="export"
 
@@ -230,8 +230,10 @@ wait_for_success() {
 }
 
 check_outputs() {
+  local uid checkpoints exported
+  uid="$(k_out -n "$JOB_NS" get llmtrainingjob "$JOB" -o 'jsonpath={.metadata.uid}')"
+  RUN_DIR="$JOB_DIR/${uid:-UID}"
   log "checkpoints and export under $RUN_DIR"
-  local checkpoints exported
   checkpoints="$(k_out -n "$JOB_NS" exec storage-shell -c shell -- \
     find "$RUN_DIR" -maxdepth 1 -type d -name "$CHECKPOINT_GLOB")"
   exported="$(k_out -n "$JOB_NS" exec storage-shell -c shell -- find "$RUN_DIR/$EXPORT_DIR" -type f)"

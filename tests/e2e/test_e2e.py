@@ -22,7 +22,7 @@ import pytest
 import yaml
 from llmtrain.api.validation import parse_job
 from llmtrain.constants import EXPORT_DIR, JOB_LABEL, KUBERAY_VERSION
-from llmtrain.render.trainer_config import run_storage_path
+from llmtrain.render.trainer_config import cluster_trainer_config, run_storage_path
 from llmtrain_trainer.rundir import CHECKPOINT_PREFIX
 
 from tests.chart.helm import KUBE_VERSIONS, ROOT
@@ -182,8 +182,9 @@ def test_dry_run_prints_every_step_in_order(dry_run: str) -> None:
         rf"^kubectl {context} -n llmtrain-e2e apply -f .*tiny-cpu\.yaml$",
         rf"^kubectl {context} -n llmtrain-e2e get llmtrainingjob tiny-cpu -o jsonpath=.*status\.phase",
         rf"^kubectl {context} -n llmtrain-e2e get llmtj$",
-        r"find /mnt/llmtrain/runs/llmtrain-e2e/tiny-cpu -maxdepth 1 -type d -name checkpoint-step-\\\*",
-        r"find /mnt/llmtrain/runs/llmtrain-e2e/tiny-cpu/export -type f",
+        rf"^kubectl {context} -n llmtrain-e2e get llmtrainingjob tiny-cpu -o jsonpath=.*metadata\.uid",
+        r"find /mnt/llmtrain/runs/llmtrain-e2e/tiny-cpu/UID -maxdepth 1 -type d -name checkpoint-step-\\\*",
+        r"find /mnt/llmtrain/runs/llmtrain-e2e/tiny-cpu/UID/export -type f",
         rf"^kubectl {context} -n llmtrain-e2e get rayjobs -l {re.escape(JOB_LABEL)}=tiny-cpu -o name",
         rf"^kubectl {context} -n llmtrain-e2e delete llmtrainingjob tiny-cpu --wait=true",
         r"^kind delete cluster --name llmtrain-e2e$",
@@ -282,15 +283,20 @@ def test_script_checks_what_the_trainer_writes_where_the_operator_points_it() ->
     """run.sh looks for the trainer's own checkpoint and export names in the run directory the
     renderer gives the trainer (an earlier version looked for `checkpoint_*`, which is never written)."""
     job = parse_job(
-        {**yaml.safe_load(EXAMPLE.read_text()), "metadata": {"name": "tiny-cpu", "namespace": "llmtrain-e2e"}}
+        {
+            **yaml.safe_load(EXAMPLE.read_text()),
+            "metadata": {"name": "tiny-cpu", "namespace": "llmtrain-e2e", "uid": "UID"},
+        }
     )
-    assert (
-        script_var("RUN_DIR")
+    job_dir = (
+        script_var("JOB_DIR")
         .replace("${MOUNT}", script_var("MOUNT"))
         .replace("${JOB_NS}", script_var("JOB_NS"))
         .replace("${JOB}", script_var("JOB"))
-        == f"{run_storage_path(job)}/{job.metadata.name}"
     )
+    assert job_dir == run_storage_path(job)
+    assert 'RUN_DIR="$JOB_DIR/${uid:-UID}"' in SCRIPT.read_text()  # the run: the job's uid below it
+    assert str(cluster_trainer_config(job).run_dir) == f"{job_dir}/UID"
     assert script_var("CHECKPOINT_GLOB") == f"{CHECKPOINT_PREFIX}*"
     assert script_var("EXPORT_DIR") == EXPORT_DIR
 

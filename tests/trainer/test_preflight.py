@@ -71,6 +71,16 @@ def valid_document(tmp_path: Path) -> dict[str, Any]:
             r"method\.lora\.targetModules \['qkv_proj'\] name no module of llama",
         ),
         (lambda d: d["training"].update(precision="fp16"), r"training\.precision fp16 needs GPUs"),
+        (
+            lambda d: d.update(resumeFrom={"runsRoot": "/nonexistent/runs", "run": "old-job/uid-0"}),
+            r"resumeFrom\.run 'old-job/uid-0': no run directory /nonexistent/runs/old-job/uid-0",
+        ),
+        (
+            lambda d: d.update(
+                resumeFrom={"runsRoot": "/r", "checkpoint": "/seeds/checkpoint-step-00000010"}
+            ),
+            r"resumeFrom\.checkpoint /seeds/checkpoint-step-00000010 does not exist",
+        ),
     ],
     ids=[
         "range",
@@ -81,6 +91,8 @@ def valid_document(tmp_path: Path) -> dict[str, Any]:
         "vocab",
         "lora-targets",
         "fp16-cpu",
+        "resume-from-run",
+        "resume-from-checkpoint",
     ],
 )
 def test_bad_config_is_named(

@@ -168,10 +168,21 @@ def test_run_local_rejects_an_invalid_job(
     assert "strategy.deepspeed" in capsys.readouterr().out
 
 
+def test_a_local_run_is_keyed_on_the_job_file(tmp_path: Path) -> None:
+    """The same file resumes its run; another file with the same job name starts its own."""
+    job = write_job(tmp_path)
+    other = job.with_name("other.yaml")
+    other.write_text(job.read_text())
+    runs = tmp_path / "runs"
+    first = Path(local.load_job_config(job, runs, use_gpu=False).run_dir)
+    assert first == Path(local.load_job_config(job, runs, use_gpu=False).run_dir) == runs / "tiny-cpu" / "job"
+    assert Path(local.load_job_config(other, runs, use_gpu=False).run_dir) == runs / "tiny-cpu" / "other"
+
+
 def test_run_local_says_a_finished_run_is_finished(
     tmp_path: Path, no_training: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run_dir = tmp_path / "runs" / "tiny-cpu"
+    run_dir = tmp_path / "runs" / "tiny-cpu" / "job"  # <job name>/<job file stem>
     run_dir.mkdir(parents=True)
     records = [
         MetricsRecord("step", 1, 120, loss=6.0),

@@ -359,6 +359,26 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
         "resources.sharedMemory",
         False,
     ),
+    (
+        "resume-from-run-and-checkpoint",
+        spec("resumeFrom", {"run": "old/1234", "checkpoint": "seeds/a"}),
+        "resumeFrom.run",
+        True,
+    ),
+    ("resume-from-nothing", spec("resumeFrom", {}), "resumeFrom.run", True),
+    (
+        "resume-from-dot-dot",
+        spec("resumeFrom", {"checkpoint": "runs/../../etc"}),
+        "resumeFrom.checkpoint",
+        True,
+    ),
+    (
+        "resume-from-outside-storage",
+        spec("resumeFrom", {"checkpoint": "/etc/seed"}),
+        "resumeFrom.checkpoint",
+        True,
+    ),
+    ("resume-from-run-traversal", spec("resumeFrom", {"run": "../other-ns/x"}), "resumeFrom.run", True),
     # Inside the inline model config (preserve-unknown in the CRD): the API server accepts these;
     # `llmtrain validate` and the operator refuse them before anything is created.
     ("config-without-model-type", inline_config(model_type=None), "model.config.model_type", False),

@@ -76,6 +76,19 @@ CASES: dict[str, list[tuple[Any, Any, Any]]] = {
         ({"metadata": {"name": "job-1"}}, {"metadata": {"name": "Job_1"}}, None),
     ],
     SELF_EQ: [({"rank": 8}, {"rank": 16}, {"rank": 8})],
+    "has(self.run) != has(self.checkpoint)": [
+        ({"run": "old/uid"}, {"run": "old/uid", "checkpoint": "seeds/a"}, None),
+        ({"checkpoint": "seeds/a"}, {}, None),
+    ],
+    "!has(self.checkpoint) || !self.checkpoint.matches('(^|/)[.][.](/|$)')": [
+        ({"checkpoint": "seeds/a..b/c"}, {"checkpoint": "../seeds"}, None),
+        ({"checkpoint": "/mnt/llmtrain/..x"}, {"checkpoint": "runs/../../etc"}, None),
+        ({"run": "a/b"}, {"checkpoint": "runs/.."}, None),
+    ],
+    "has(self.resumeFrom) == has(oldSelf.resumeFrom)": [
+        ({"resumeFrom": {"run": "a/b"}}, {}, {"resumeFrom": {"run": "a/b"}}),
+        ({}, {"resumeFrom": {"run": "a/b"}}, {}),
+    ],
 }
 
 
@@ -169,6 +182,23 @@ CASES.update(
                 None,
             ),
         ],
+        _rule("resumeFrom.checkpoint must lie on the shared storage"): [
+            (
+                {"storage": {}, "resumeFrom": {"checkpoint": "/mnt/llmtrain/seeds/a"}},
+                {"storage": {}, "resumeFrom": {"checkpoint": "/mnt/llmtrainer/seeds/a"}},
+                None,
+            ),
+            (
+                {"storage": {"mountPath": "/data"}, "resumeFrom": {"checkpoint": "seeds/a"}},
+                {"storage": {"mountPath": "/data"}, "resumeFrom": {"checkpoint": "/mnt/llmtrain/a"}},
+                None,
+            ),
+            (
+                {"storage": {}, "resumeFrom": {"run": "a/b"}},
+                {"storage": {}, "resumeFrom": {"checkpoint": "/a"}},
+                None,
+            ),
+        ],
         _rule("podTemplate.volumeMounts cannot mount at or under storage.mountPath"): [
             (
                 {
@@ -249,6 +279,7 @@ def test_immutable_fields_and_mutable_ones() -> None:
         "strategy",
         "training",
         "checkpoint",
+        "resumeFrom",
         "resources",
         "storage",
         "network",

@@ -83,18 +83,49 @@ def test_children_with_claim_and_with_created_pvc() -> None:
     assert volumes["shared-storage"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
 
 
+def _stored(doc: dict[str, Any], uid: str) -> LLMTrainingJob:
+    """The job as the API server returns it: with a uid."""
+    return _job({**doc, "metadata": {**doc["metadata"], "uid": uid}})
+
+
+def _rendered_config(job: LLMTrainingJob) -> TrainerConfig:
+    raw = _by_kind(render(job))["ConfigMap"]["data"][CONFIG_FILENAME]
+    return TrainerConfig.model_validate(json.loads(raw), by_alias=True, by_name=False)
+
+
 def test_configmap_holds_a_parseable_trainer_config_with_deterministic_run() -> None:
-    objs = _by_kind(render(_job(_gpu_job())))
-    raw = objs["ConfigMap"]["data"][CONFIG_FILENAME]
-    config = TrainerConfig.model_validate(json.loads(raw), by_alias=True, by_name=False)
-    assert config.run_name == "llama"
-    assert config.storage_path == "/mnt/llmtrain/runs/team-a"
-    assert str(config.run_dir) == "/mnt/llmtrain/runs/team-a/llama"
+    config = _rendered_config(_stored(_gpu_job(), "uid-1"))
+    assert config.run_name == "uid-1"
+    assert config.storage_path == "/mnt/llmtrain/runs/team-a/llama"
+    assert str(config.run_dir) == "/mnt/llmtrain/runs/team-a/llama/uid-1"
+    assert config.resume_from is None
     assert config.scaling.num_workers == 32 and config.scaling.use_gpu
     assert config.scaling.cpus_per_worker == 12.0
     assert config.progress.report_to_kubernetes
     # The same job renders the same run, so every retry resumes from the same checkpoints.
-    assert render(_job(_gpu_job())) == render(_job(_gpu_job()))
+    assert render(_stored(_gpu_job(), "uid-1")) == render(_stored(_gpu_job(), "uid-1"))
+
+
+def test_a_job_recreated_under_the_same_name_gets_a_new_run() -> None:
+    first = _rendered_config(_stored(_gpu_job(), "uid-1"))
+    again = _rendered_config(_stored(_gpu_job(), "uid-2"))
+    assert first.storage_path == again.storage_path  # discoverable: every run of the job side by side
+    assert first.run_dir != again.run_dir
+    assert str(_rendered_config(_job(_gpu_job())).run_dir).endswith("/llama/no-uid")  # `llmtrain render`
+
+
+def test_resume_from_resolves_against_the_shared_storage() -> None:
+    run = _rendered_config(_stored(_gpu_job(resumeFrom={"run": "old/uid-0"}), "uid-1")).resume_from
+    assert run is not None and (run.runs_root, run.run, run.checkpoint) == (
+        "/mnt/llmtrain/runs/team-a",
+        "old/uid-0",
+        None,
+    )
+    seed = _rendered_config(_stored(_gpu_job(resumeFrom={"checkpoint": "seeds/step-9"}), "u")).resume_from
+    assert seed is not None and seed.checkpoint == "/mnt/llmtrain/seeds/step-9"
+    absolute = {"checkpoint": "/mnt/llmtrain/seeds/step-9"}
+    seed = _rendered_config(_stored(_gpu_job(resumeFrom=absolute), "u")).resume_from
+    assert seed is not None and seed.checkpoint == "/mnt/llmtrain/seeds/step-9"
 
 
 def test_trainer_identity_may_only_patch_its_own_status() -> None:

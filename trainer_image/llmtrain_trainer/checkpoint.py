@@ -4,7 +4,8 @@ A checkpoint directory `checkpoint-step-NNNNNNNN/` holds the strategy's sharded 
 DeepSpeed files), one RNG file per rank and `trainer_state.json` (step, data position), which
 rank 0 writes last, after a barrier. It is then reported with `CheckpointUploadMode.NO_UPLOAD`:
 the files already sit on the shared storage, so Ray Train only records the path (and deletes old
-ones per `num_to_keep`). On start, `ray.train.get_checkpoint()` names the latest one to restore.
+ones per `num_to_keep`). On start, `ray.train.get_checkpoint()` names the latest one to restore;
+a new run may instead load another run's checkpoint (spec.resumeFrom, resume_from.py).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class TrainerState:
     data: DataPosition = field(default_factory=DataPosition)
     tokens_seen: int = 0
     world_size: int = 1
+    shape: dict[str, Any] = field(default_factory=dict)
+    """What the files depend on (resume_from.run_shape), checked before another run loads them."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -48,6 +51,7 @@ class TrainerState:
             "data": self.data.to_dict(),
             "tokens_seen": self.tokens_seen,
             "world_size": self.world_size,
+            "shape": self.shape,
         }
 
     @classmethod
@@ -57,6 +61,7 @@ class TrainerState:
             data=DataPosition.from_dict(data["data"]),
             tokens_seen=int(data.get("tokens_seen", 0)),
             world_size=int(data.get("world_size", 1)),
+            shape=dict(data.get("shape") or {}),
         )
 
 
@@ -115,7 +120,7 @@ def report(directory: Path, metrics: dict[str, Any], env: WorkerEnv) -> None:
 
 
 def restore(strategy: Strategy, env: WorkerEnv) -> TrainerState | None:
-    """Load the latest reported checkpoint into the strategy; None on a fresh run.
+    """Load the latest reported checkpoint of this run into the strategy; None on a fresh run.
 
     For a checkpoint on local or mounted storage, `as_directory()` yields the stored directory
     itself, so nothing here writes into it.
@@ -124,20 +129,29 @@ def restore(strategy: Strategy, env: WorkerEnv) -> TrainerState | None:
     if checkpoint is None:
         return None
     with checkpoint.as_directory() as path:
-        directory = Path(path)
-        state_file = directory / STATE_FILE
-        if not state_file.exists():
-            raise RuntimeError(f"checkpoint {directory} has no {STATE_FILE}: it was not written by llmtrain")
-        state = TrainerState.from_dict(json.loads(state_file.read_text()))
-        if state.world_size != env.world_size and not strategy.reshardable_checkpoints:
-            raise RuntimeError(
-                f"checkpoint {directory.name} was written by {state.world_size} workers and "
-                f"{strategy.name} cannot reshard it for {env.world_size}; resume with "
-                f"{state.world_size} workers (or convert it with DeepSpeed's universal checkpoint tools)"
-            )
-        log.info("restoring step %d from %s", state.step, directory)
-        strategy.load(directory)
-        rng_file = directory / RNG_DIR / f"rank-{env.rank}.pt"
-        if rng_file.exists() and state.world_size == env.world_size:
-            _set_rng_state(torch.load(rng_file, weights_only=False))
+        return load(strategy, Path(path), env)
+
+
+def load(strategy: Strategy, directory: Path, env: WorkerEnv, weights_only: bool = False) -> TrainerState:
+    """Load a checkpoint directory: all of it (this run's, or one continued by resumeFrom.run),
+    or only its weights (a resumeFrom.checkpoint seed), which starts a fresh state at step 0."""
+    state_file = directory / STATE_FILE
+    if not state_file.exists():
+        raise RuntimeError(f"checkpoint {directory} has no {STATE_FILE}: it was not written by llmtrain")
+    state = TrainerState.from_dict(json.loads(state_file.read_text()))
+    if weights_only:
+        log.info("loading the weights of %s (step %d); fresh optimizer and schedule", directory, state.step)
+        strategy.load(directory, weights_only=True)
+        return TrainerState(world_size=env.world_size)
+    if state.world_size != env.world_size and not strategy.reshardable_checkpoints:
+        raise RuntimeError(
+            f"checkpoint {directory.name} was written by {state.world_size} workers and "
+            f"{strategy.name} cannot reshard it for {env.world_size}; resume with "
+            f"{state.world_size} workers (or convert it with DeepSpeed's universal checkpoint tools)"
+        )
+    log.info("restoring step %d from %s", state.step, directory)
+    strategy.load(directory)
+    rng_file = directory / RNG_DIR / f"rank-{env.rank}.pt"
+    if rng_file.exists() and state.world_size == env.world_size:
+        _set_rng_state(torch.load(rng_file, weights_only=False))
     return state

@@ -1,8 +1,8 @@
 """`llmtrain run FILE`: the job's training on a local Ray instance, with a live progress bar.
 
-The run lives in `<runs_root>/<name>/` and uses the same TrainerConfig, driver and worker loop as
-the cluster, so running the command again resumes from the latest checkpoint (and a finished run
-just prints its summary; `fresh=True` starts over). At the end it writes `summary.json` and
+The run lives in `<runs_root>/<name>/<job file stem>/` and uses the same TrainerConfig, driver and
+worker loop as the cluster, so running the same file again resumes from the latest checkpoint (and
+a finished run just prints its summary; `fresh=True` starts over). At the end it writes `summary.json` and
 `loss_curve.png` into the run directory. Text from elsewhere (errors, paths, names) is escaped
 before rich prints it: a gloo error starts with `[/path/file.cc:129]`, which rich reads as markup.
 """
@@ -52,7 +52,8 @@ def load_job_config(job_file: Path, runs_root: Path, use_gpu: bool) -> TrainerCo
         raise InvalidJobFile(
             f"{job_file} is not a valid LLMTrainingJob:\n" + "\n".join(f"  {p}" for p in exc.problems)
         ) from exc
-    return local_trainer_config(job, job_file.parent, runs_root, use_gpu=use_gpu)
+    # The job file is the local run's identity: the same file resumes, another file starts anew.
+    return local_trainer_config(job, job_file.parent, runs_root, use_gpu=use_gpu, local_run_id=job_file.stem)
 
 
 class InvalidJobFile(ValueError):

@@ -32,6 +32,7 @@ from llmtrain_trainer.loss import token_loss_sum, trained_tokens
 from llmtrain_trainer.metrics import MetricsRecord, Throughput, eta_seconds, input_token_count, peak_flops
 from llmtrain_trainer.model import count_parameters, flops_per_token, model_config
 from llmtrain_trainer.progress import FanOut, open_sinks
+from llmtrain_trainer.resume_from import resolve, run_shape
 from llmtrain_trainer.rundir import RESULT_FILE, latest_checkpoint
 from llmtrain_trainer.strategies import make_strategy
 from llmtrain_trainer.strategies.base import Strategy
@@ -111,6 +112,8 @@ class TrainingRun:
         self.last_loss: float | None = None
         self.train_seconds: float | None = None
         self.tokens_per_second: float | None = None
+        self.seeded_from: str | None = None
+        """spec.resumeFrom's checkpoint, when this attempt started from it."""
 
     # -------------------------------------------------------------------------- set-up
 
@@ -122,11 +125,17 @@ class TrainingRun:
             data = build_sequences(config.dataset, tokenizer, config.training.seed)
         self.total = total_steps(config, len(data.train), env.world_size)
         resuming = ray.train.get_checkpoint() is not None
-        strategy = make_strategy(config, env, self.total, initial_weights=not resuming)
+        # spec.resumeFrom applies only until the run has a checkpoint of its own.
+        seed = None if resuming or config.resume_from is None else resolve(config.resume_from, self.run_dir)
+        strategy = make_strategy(config, env, self.total, initial_weights=not resuming and seed is None)
         state = checkpoint.restore(strategy, env)
-        resumed_from = state.step if state is not None else None
+        if seed is not None:
+            state = checkpoint.load(strategy, seed.directory, env, weights_only=not seed.full_state)
+            self.seeded_from = seed.described
+        resumed_from = state.step if state is not None and state.step > 0 else None
         state = state or checkpoint.TrainerState(world_size=env.world_size)
         state.world_size = env.world_size
+        state.shape = run_shape(config)
         if env.is_main:
             self.sinks = open_sinks(config, self.run_dir, self.options.log_lines)
         try:
@@ -148,6 +157,8 @@ class TrainingRun:
             f"strategy {strategy.name}, {self.env.world_size} workers on {self.env.device.type}, "
             f"{n_params:,} parameters ({n_trainable:,} trainable)"
         )
+        if self.seeded_from is not None:
+            message = f"from {self.seeded_from}; {message}"
         if resumed_from is not None:
             self._emit(
                 MetricsRecord(
@@ -321,6 +332,7 @@ class TrainingRun:
             "finished": True,
             "steps": self.total,
             "resumed_from_step": resumed_from,
+            "resume_from": self.seeded_from,
             "checkpoint": str(latest) if latest else None,
             "export": export,
             "train_seconds": self.train_seconds,

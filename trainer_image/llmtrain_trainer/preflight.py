@@ -17,6 +17,8 @@ from transformers import PretrainedConfig
 
 from llmtrain_trainer import model as models
 from llmtrain_trainer.data import DataError, data_files
+from llmtrain_trainer.resume_from import ResumeFromError, check_compatible, resolve
+from llmtrain_trainer.rundir import latest_checkpoint
 from llmtrain_trainer.tokenizer import load_tokenizer
 
 
@@ -34,7 +36,8 @@ def check(config: TrainerConfig) -> None:
         _check_tokenizer(config, int(getattr(hf_config, "vocab_size", 0) or 0))
         _check_lora_targets(config, hf_config)
         _check_storage(Path(config.storage_path))
-    except (models.ModelError, DataError) as exc:
+        _check_resume_from(config)
+    except (models.ModelError, DataError, ResumeFromError) as exc:
         raise PreflightError(str(exc)) from exc
 
 
@@ -95,3 +98,11 @@ def _check_storage(storage: Path) -> None:
         raise PreflightError(f"storage path {storage} cannot be created: {exc.strerror or exc}") from exc
     if not os.access(storage, os.W_OK):
         raise PreflightError(f"storage path {storage} is not writable by uid {os.getuid()}")
+
+
+def _check_resume_from(config: TrainerConfig) -> None:
+    """A missing or unloadable resumeFrom target fails here, unless the run already has its own
+    checkpoints (a retry), which it then resumes instead."""
+    if config.resume_from is None or latest_checkpoint(Path(config.run_dir)) is not None:
+        return
+    check_compatible(resolve(config.resume_from, Path(config.run_dir)), config)

@@ -38,6 +38,9 @@ ShortString = Annotated[str, Field(min_length=1, max_length=253)]
 # The largest value a Kubernetes or KubeRay int32 field holds.
 INT32_MAX = 2**31 - 1
 
+# spec.resumeFrom.run: '<job name>/<run id>' or '<run id>' (a uid, or a local run's job file stem).
+RUN_REF_PATTERN = r"^([a-z]([-a-z0-9]*[a-z0-9])?/)?[A-Za-z0-9][-A-Za-z0-9_.]*$"
+
 
 class SecretKeyRef(ApiModel):
     """A key of a Secret in the job's namespace; the value is never copied into any object."""
@@ -503,7 +506,7 @@ class StorageSpec(ApiModel):
     create: StorageCreateSpec | None = Field(default=None, description="Create a PVC for this job.")
     mount_path: Annotated[str, Field(pattern=r"^/[^:]*$", max_length=256)] = Field(
         default=DEFAULT_MOUNT_PATH,
-        description="Where the storage is mounted; checkpoints go to <mountPath>/runs/<namespace>/<name>.",
+        description="Where the storage is mounted; a run lives in <mountPath>/runs/<namespace>/<name>/<uid>.",
     )
 
 
@@ -622,6 +625,43 @@ class RunPolicySpec(ApiModel):
     )
 
 
+class ResumeFromSpec(ApiModel):
+    """Where a new job's run starts instead of from scratch. Without it, a job (a new uid) always
+    starts a new run, even under a name an earlier job used; with it, `run` continues an earlier run
+    (weights, optimizer, LR schedule, step and data position) and `checkpoint` seeds the weights only
+    (fresh optimizer and schedule, step 0). Only a run's first attempt reads it: retries of the same
+    job resume the job's own checkpoints."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "has(self.run) != has(self.checkpoint)",
+                    "set exactly one of resumeFrom.run (an earlier run to continue) or "
+                    "resumeFrom.checkpoint (a checkpoint directory whose weights seed this run)",
+                ),
+                cel(
+                    "!has(self.checkpoint) || !self.checkpoint.matches('(^|/)[.][.](/|$)')",
+                    "resumeFrom.checkpoint cannot contain '..': name a directory on the shared storage",
+                ),
+            ]
+        }
+    )
+
+    run: Annotated[str, Field(pattern=RUN_REF_PATTERN, max_length=253)] | None = Field(
+        default=None,
+        description="An earlier run of a job in this namespace: '<job name>/<run id>' (its directory "
+        "under <mountPath>/runs/<namespace>/) or just the run id (the old job's metadata.uid). Its "
+        "latest complete checkpoint is continued with all its state; meant for the same spec.",
+    )
+    checkpoint: Annotated[str, Field(min_length=1, max_length=1024)] | None = Field(
+        default=None,
+        description="A checkpoint directory (checkpoint-step-NNNNNNNN) relative to storage.mountPath, "
+        "or absolute under it (relative to the job file's folder with `llmtrain run`). Its weights "
+        "only: the optimizer, LR schedule, step and data order start fresh.",
+    )
+
+
 class LLMTrainingJobSpec(ApiModel):
     """Desired state: what to train, how, on what, and under which policy."""
 
@@ -649,6 +689,18 @@ class LLMTrainingJobSpec(ApiModel):
                     "storage is mounted there",
                     ".podTemplate.volumeMounts",
                 ),
+                cel(
+                    "has(self.resumeFrom) == has(oldSelf.resumeFrom)",
+                    "spec.resumeFrom cannot be added or removed after creation: create a new job",
+                ),
+                cel(
+                    "!has(self.resumeFrom) || !has(self.resumeFrom.checkpoint) || "
+                    "!self.resumeFrom.checkpoint.startsWith('/') || self.resumeFrom.checkpoint.startsWith("
+                    f"(has(self.storage.mountPath) ? self.storage.mountPath : '{DEFAULT_MOUNT_PATH}') + '/')",
+                    "resumeFrom.checkpoint must lie on the shared storage: relative to storage.mountPath, "
+                    "or absolute under it",
+                    ".resumeFrom.checkpoint",
+                ),
             ]
         }
     )
@@ -674,6 +726,11 @@ class LLMTrainingJobSpec(ApiModel):
         default_factory=CheckpointSpec,
         description="Checkpointing and export.",
         json_schema_extra=immutable("checkpoint"),
+    )
+    resume_from: ResumeFromSpec | None = Field(
+        default=None,
+        description="Start from an earlier run or a seed checkpoint instead of from scratch.",
+        json_schema_extra=immutable("resumeFrom"),
     )
     resources: ResourcesSpec = Field(
         default_factory=ResourcesSpec,

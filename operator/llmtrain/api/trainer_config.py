@@ -38,12 +38,25 @@ class ProgressSpec(ApiModel):
     interval_seconds: float = Field(default=15.0, gt=0)
 
 
+class ResumeSource(ApiModel):
+    """spec.resumeFrom with its paths resolved; the trainer finds the checkpoint (resume_from.py)."""
+
+    runs_root: str = Field(description="Where this namespace's runs live: <runs_root>/<job name>/<run id>.")
+    run: str | None = Field(default=None, description="'<job name>/<run id>' or '<run id>' to continue.")
+    checkpoint: str | None = Field(default=None, description="Absolute checkpoint directory to seed from.")
+
+
 class TrainerConfig(ApiModel):
     job: JobRef
-    run_name: str = Field(description="Ray Train RunConfig(name): stable per job so every restart resumes.")
-    storage_path: str = Field(
-        description="Ray Train RunConfig(storage_path): shared, same path on every node."
+    run_name: str = Field(
+        description="Ray Train RunConfig(name), the run id: the job's uid, so every restart of the job "
+        "resumes and a re-created job under the same name does not."
     )
+    storage_path: str = Field(
+        description="Ray Train RunConfig(storage_path): shared, same path on every node; the job's "
+        "folder holding its runs."
+    )
+    resume_from: ResumeSource | None = None
     scaling: ScalingSpec
     max_worker_failures: int = Field(default=0, ge=-1)
     collective_timeout_seconds: int = Field(default=1800, ge=1)

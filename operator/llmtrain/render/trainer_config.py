@@ -1,17 +1,36 @@
-"""Spec → TrainerConfig, for the cluster (rendered into the ConfigMap) and for `llmtrain run`."""
+"""Spec → TrainerConfig, for the cluster (rendered into the ConfigMap) and for `llmtrain run`.
+
+A run lives in <runs root>/<job name>/<run id>. On a cluster the runs root is
+<mountPath>/runs/<namespace> and the run id is the job's uid: a suspend, a RayJob retry or a worker
+failure of the job finds its own run again, while a job deleted and re-created under the same name
+(a new uid) starts a new one unless spec.resumeFrom says otherwise.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
 
 from llmtrain.api.job import LLMTrainingJob
-from llmtrain.api.trainer_config import JobRef, ProgressSpec, ScalingSpec, TrainerConfig
+from llmtrain.api.trainer_config import JobRef, ProgressSpec, ResumeSource, ScalingSpec, TrainerConfig
 from llmtrain.quantity import cpu_cores
+
+# The run id of a job rendered without a uid (`llmtrain render` of a file never stored by the API).
+NO_UID_RUN_ID = "no-uid"
+
+
+def runs_root(job: LLMTrainingJob) -> PurePosixPath:
+    """<mountPath>/runs/<namespace>: every run of every job of the namespace lies below it."""
+    return PurePosixPath(job.spec.storage.mount_path) / "runs" / job.metadata.namespace
 
 
 def run_storage_path(job: LLMTrainingJob) -> str:
-    """<mountPath>/runs/<namespace>: with run_name = job name, every retry finds the same run."""
-    return str(PurePosixPath(job.spec.storage.mount_path) / "runs" / job.metadata.namespace)
+    """<runs root>/<job name>: the job's runs, one per uid (Ray Train's storage_path)."""
+    return str(runs_root(job) / job.metadata.name)
+
+
+def run_id(job: LLMTrainingJob) -> str:
+    """The job's uid: stable across its restarts, new for a job re-created under the same name."""
+    return job.metadata.uid or NO_UID_RUN_ID
 
 
 def _resolve(path: str, base: PurePosixPath | Path) -> str:
@@ -21,7 +40,8 @@ def _resolve(path: str, base: PurePosixPath | Path) -> str:
 def _build(
     job: LLMTrainingJob,
     base: PurePosixPath | Path,
-    storage_path: str,
+    root: PurePosixPath | Path,
+    name: str,
     scaling: ScalingSpec,
     progress: ProgressSpec,
 ) -> TrainerConfig:
@@ -35,8 +55,9 @@ def _build(
         dataset = dataset.model_copy(update={"path": _resolve(dataset.path, base)})
     return TrainerConfig(
         job=JobRef(name=job.metadata.name, namespace=job.metadata.namespace),
-        run_name=job.metadata.name,
-        storage_path=storage_path,
+        run_name=name,
+        storage_path=str(root / job.metadata.name),
+        resume_from=_resume_source(job, base, root),
         scaling=scaling,
         max_worker_failures=spec.run_policy.max_worker_failures,
         collective_timeout_seconds=spec.network.collective_timeout_seconds,
@@ -62,26 +83,44 @@ def cluster_trainer_config(job: LLMTrainingJob, progress_interval_seconds: float
     return _build(
         job,
         PurePosixPath(job.spec.storage.mount_path),
-        run_storage_path(job),
+        runs_root(job),
+        run_id(job),
         scaling,
         ProgressSpec(report_to_kubernetes=True, interval_seconds=progress_interval_seconds),
     )
 
 
 def local_trainer_config(
-    job: LLMTrainingJob, job_file_dir: Path, runs_root: Path, use_gpu: bool = False
+    job: LLMTrainingJob,
+    job_file_dir: Path,
+    runs_dir: Path,
+    use_gpu: bool = False,
+    local_run_id: str = "local",
 ) -> TrainerConfig:
     """The same job on this machine: relative data paths resolve against the job file's folder and
-    the run lives in <runs_root>/<name>, so running it again resumes."""
+    the run lives in <runs_dir>/<name>/<local_run_id> (`llmtrain run` passes the job file's stem),
+    so running the same file again resumes."""
     res = job.spec.resources
     num_workers = res.workers * (max(res.gpus_per_worker, 1) if use_gpu else 1)
     return _build(
         job,
         job_file_dir.resolve(),
-        str(runs_root.resolve()),
+        runs_dir.resolve(),
+        local_run_id,
         ScalingSpec(num_workers=num_workers, use_gpu=use_gpu, cpus_per_worker=1.0),
         ProgressSpec(report_to_kubernetes=False),
     )
+
+
+def _resume_source(
+    job: LLMTrainingJob, base: PurePosixPath | Path, root: PurePosixPath | Path
+) -> ResumeSource | None:
+    """spec.resumeFrom with its checkpoint path made absolute (the spec's rules keep it on storage)."""
+    spec = job.spec.resume_from
+    if spec is None:
+        return None
+    checkpoint = _resolve(spec.checkpoint, base) if spec.checkpoint else None
+    return ResumeSource(runs_root=str(root), run=spec.run, checkpoint=checkpoint)
 
 
 def _looks_like_hub_id(name: str) -> bool:

@@ -99,8 +99,9 @@ class Strategy(abc.ABC):
         """Write this rank's share of model, optimizer and schedule state (all ranks call it)."""
 
     @abc.abstractmethod
-    def load(self, directory: Path) -> None:
-        """Restore what `save` wrote, resharding where the strategy can."""
+    def load(self, directory: Path, weights_only: bool = False) -> None:
+        """Restore what `save` wrote, resharding where the strategy can; `weights_only` keeps the
+        fresh optimizer and LR schedule (a seed checkpoint)."""
 
     @abc.abstractmethod
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:

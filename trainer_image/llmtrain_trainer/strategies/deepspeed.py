@@ -153,13 +153,15 @@ class DeepSpeedStrategy(Strategy):
     def save(self, directory: Path) -> None:
         self.engine.save_checkpoint(str(directory), tag=CHECKPOINT_TAG, exclude_frozen_parameters=self.lora)
 
-    def load(self, directory: Path) -> None:
+    def load(self, directory: Path, weights_only: bool = False) -> None:
+        # Module only: DeepSpeed then refreshes its fp32 master copy from the loaded weights.
         path, _ = self.engine.load_checkpoint(
             str(directory),
             tag=CHECKPOINT_TAG,
             load_module_strict=not self.lora,
-            load_optimizer_states=True,
-            load_lr_scheduler_states=True,
+            load_optimizer_states=not weights_only,
+            load_lr_scheduler_states=not weights_only,
+            load_module_only=weights_only,
         )
         if path is None:
             raise RuntimeError(f"DeepSpeed found no checkpoint in {directory}")

@@ -15,6 +15,7 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_state_dict,
+    set_model_state_dict,
     set_state_dict,
 )
 from torch.distributed.checkpoint.state_dict_loader import load
@@ -58,6 +59,13 @@ def load_training_state(
         options=options,
     )
     scheduler.load_state_dict(torch.load(directory / SCHEDULER_FILE, weights_only=False))
+
+
+def load_model_state(model: nn.Module, directory: Path, options: StateDictOptions) -> None:
+    """Only the model's shards of what `save_training_state` wrote (DCP reads just these keys)."""
+    state: dict[str, Any] = {"model": get_model_state_dict(model, options=options)}
+    load(state, checkpoint_id=str(directory))
+    set_model_state_dict(model, state["model"], options=options)
 
 
 def gather_full_state(model: nn.Module, is_main: bool) -> dict[str, torch.Tensor] | None:

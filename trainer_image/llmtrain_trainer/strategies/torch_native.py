@@ -14,6 +14,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from llmtrain_trainer.strategies.base import Strategy
 from llmtrain_trainer.strategies.sharded_state import (
     gather_full_state,
+    load_model_state,
     load_training_state,
     save_training_state,
 )
@@ -52,8 +53,11 @@ class TorchNativeStrategy(Strategy):
             self.model, self.optimizer, self.scheduler, directory, self.env.is_main, self._options
         )
 
-    def load(self, directory: Path) -> None:
-        load_training_state(self.model, self.optimizer, self.scheduler, directory, self._options)
+    def load(self, directory: Path, weights_only: bool = False) -> None:
+        if weights_only:
+            load_model_state(self.model, directory, self._options)
+        else:
+            load_training_state(self.model, self.optimizer, self.scheduler, directory, self._options)
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         return gather_full_state(self.model, self.env.is_main)
