@@ -302,19 +302,18 @@ class TrainingRun:
             return None
         if not trained and export_dir.exists():
             return str(export_dir)
-        state = strategy.full_state_dict()  # a collective: every rank takes part
-        if not self.env.is_main:
-            return str(export_dir)
-        assert state is not None
-        result = export_model(
-            state,
+        result = export_model(  # collectives: every rank takes part, rank 0 writes
+            strategy.export_tensors(),
             model_config(self.config.model),
             self.config.method,
             tokenizer,
             export_dir,
             strategy.dtype,
             self.config.model.name,
+            self.env.is_main,
         )
+        if result is None:
+            return str(export_dir)
         self._emit(MetricsRecord("exported", self.total, self.total, path=str(result.path)))
         return str(result.path)
 

@@ -8,7 +8,9 @@ and the precision rule are the same for all of them and live here.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +29,30 @@ def compute_dtype(precision: str, env: WorkerEnv) -> torch.dtype:
     if not env.on_gpu:
         return torch.float32
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+
+
+@dataclass(frozen=True)
+class ExportTensor:
+    """One tensor of the model for the export, before anything is gathered."""
+
+    name: str
+    """Its name in the (possibly peft-wrapped) model's state dict."""
+    shape: tuple[int, ...]
+    """The full, unsharded shape."""
+    dtype: torch.dtype
+    trainable: bool
+    gather: Callable[[], torch.Tensor | None]
+    """A collective: every rank calls it, in list order; rank 0 gets the full tensor, others None."""
+
+
+def named_state_tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Parameters (a tied one once, under its first name, as `save_pretrained` keeps it), then the
+    persistent buffers: what a Hugging Face checkpoint holds."""
+    yield from module.named_parameters()
+    for name, buffer in module.named_buffers():
+        owner, _, leaf = name.rpartition(".")
+        if leaf not in module.get_submodule(owner)._non_persistent_buffers_set:
+            yield name, buffer
 
 
 class Strategy(abc.ABC):
@@ -105,7 +131,12 @@ class Strategy(abc.ABC):
 
     @abc.abstractmethod
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """Gather the full weights on CPU for export: the dict on rank 0, None elsewhere."""
+        """Gather all the full weights on CPU at once: the dict on rank 0, None elsewhere (tests)."""
+
+    @abc.abstractmethod
+    def export_tensors(self) -> list[ExportTensor]:
+        """The model's tensors, each gathered only when asked: the export streams them one by one,
+        so no rank ever holds more than one full tensor (export.py)."""
 
     def train(self, mode: bool = True) -> None:
         self.model.train(mode)

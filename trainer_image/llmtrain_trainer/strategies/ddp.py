@@ -57,3 +57,7 @@ class DdpStrategy(TorchNativeStrategy):
 
     def _backward(self, loss: torch.Tensor, last_micro_batch: bool) -> None:
         self._scaled_backward(loss)
+
+    def _export_module(self) -> torch.nn.Module:
+        module: torch.nn.Module = self.ddp.module
+        return module

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,7 @@ from llmtrain.api.spec import DeepSpeedSpec, TrainingSpec
 from llmtrain_trainer import model as models
 from llmtrain_trainer.distributed import WorkerEnv
 from llmtrain_trainer.optim import build_optimizer, build_scheduler
-from llmtrain_trainer.strategies.base import Strategy
+from llmtrain_trainer.strategies.base import ExportTensor, Strategy, named_state_tensors
 from llmtrain_trainer.weights import fetch_weights
 
 if TYPE_CHECKING:
@@ -185,3 +186,24 @@ class DeepSpeedStrategy(Strategy):
         for name, buffer in module.named_buffers():
             state.setdefault(name, buffer.detach().cpu().clone())
         return state
+
+    def export_tensors(self) -> list[ExportTensor]:
+        return [
+            ExportTensor(
+                name,
+                tuple(getattr(tensor, "ds_shape", tensor.shape)),  # ZeRO-3 keeps the full shape aside
+                tensor.dtype,
+                tensor.requires_grad,
+                partial(self._gather, tensor),
+            )
+            for name, tensor in named_state_tensors(self.engine.module)
+        ]
+
+    def _gather(self, tensor: torch.Tensor) -> torch.Tensor | None:
+        """ZeRO-3: gather this one parameter on every rank; ZeRO-1/2: rank 0 already holds it."""
+        if self.zero_stage == 3 and hasattr(tensor, "ds_id"):
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters([tensor], modifier_rank=None):
+                return tensor.detach().cpu().clone() if self.env.is_main else None
+        return tensor.detach().cpu() if self.env.is_main else None

@@ -132,8 +132,16 @@ class FsdpStrategy(TorchNativeStrategy):
     # -------------------------------------------------------------------------- stepping
 
     def _backward(self, loss: torch.Tensor, last_micro_batch: bool) -> None:
-        # Without sync, FSDP keeps unsharded gradients locally until the step's last micro-batch.
-        self.sharded[-1].set_requires_gradient_sync(last_micro_batch)
+        """Reduce-scatter the gradients of every micro-batch, the last one or not.
+
+        Skipping the sync on the non-final micro-batches (`set_requires_gradient_sync(False)`,
+        FSDP1's `no_sync`) saves those reduce-scatters, but FSDP2 then keeps each parameter's
+        *unsharded* gradient (upcast to `reduce_dtype`, fp32) until the sync: 4 bytes per parameter
+        of the whole model on every rank, whatever the world size (32 GB at 8B, 280 GB at 70B).
+        Syncing every time, the gradients accumulate in the sharded `.grad` (4 bytes / world size
+        per parameter), and parameters still reshard after backward, as without accumulation. The
+        extra reduce-scatters overlap with backward; at scale that costs far less than the memory.
+        """
         self._scaled_backward(loss)
 
 

@@ -5,13 +5,16 @@ and sharded DCP checkpoints (`sharded_state`). Subclasses build `model`, `optimi
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import torch
+from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions
+from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LRScheduler
 
-from llmtrain_trainer.strategies.base import Strategy
+from llmtrain_trainer.strategies.base import ExportTensor, Strategy, named_state_tensors
 from llmtrain_trainer.strategies.sharded_state import (
     gather_full_state,
     load_model_state,
@@ -61,3 +64,25 @@ class TorchNativeStrategy(Strategy):
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         return gather_full_state(self.model, self.env.is_main)
+
+    def _export_module(self) -> nn.Module:
+        """The model whose names the export keeps (DDP overrides this to drop its wrapper)."""
+        return self.model
+
+    def export_tensors(self) -> list[ExportTensor]:
+        return [
+            ExportTensor(
+                name,
+                tuple(tensor.shape),  # a DTensor's shape is the global one
+                tensor.dtype,
+                tensor.requires_grad,
+                partial(_gather, tensor, self.env.is_main),
+            )
+            for name, tensor in named_state_tensors(self._export_module())
+        ]
+
+
+def _gather(tensor: torch.Tensor, is_main: bool) -> torch.Tensor | None:
+    """The full tensor on rank 0's CPU; FSDP2 shards are all-gathered (every rank takes part)."""
+    full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+    return full.detach().cpu() if is_main else None
