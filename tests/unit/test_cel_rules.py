@@ -94,8 +94,21 @@ def _rule(message_start: str) -> str:
 
 
 _MOUNT = {"name": "x", "mountPath": "/data"}
+_CUSTOM = {"function": "m:f"}
 CASES.update(
     {
+        _rule("trainer.huggingface.args cannot set"): [
+            ({"args": {"optim": "adamw_torch", "adam_beta2": 0.95}}, {"args": {"output_dir": "/x"}}, None),
+            ({}, {"args": {"optim": "sgd", "learning_rate": 0.1}}, None),
+            ({"args": {}}, {"args": {"save_strategy": "no"}}, None),
+        ],
+        "!has(self.huggingface) || self.type == 'huggingface'": [
+            ({"type": "huggingface", "huggingface": {}}, {"type": "builtin", "huggingface": {}}, None),
+        ],
+        "has(self.custom) == (self.type == 'custom')": [
+            ({"type": "custom", "custom": _CUSTOM}, {"type": "custom"}, None),
+            ({"type": "builtin"}, {"type": "huggingface", "custom": _CUSTOM}, None),
+        ],
         _rule("each podTemplate.volumes entry needs exactly one source"): [
             ({"name": "x", "emptyDir": {}}, {"name": "x", "emptyDir": {}, "secret": {}}, None),
             ({"name": "x", "csi": {"driver": "d"}}, {"name": "x"}, None),
@@ -201,6 +214,7 @@ def test_immutable_fields_and_mutable_ones() -> None:
         "strategy",
         "training",
         "checkpoint",
+        "trainer",
         "resources",
         "storage",
         "network",

@@ -22,6 +22,7 @@ from llmtrain.api.base import (
     immutable,
 )
 from llmtrain.api.pod_template import PodTemplateOverlay
+from llmtrain.api.trainer_spec import TrainerSpec
 from llmtrain.constants import DEFAULT_MOUNT_PATH
 
 # KubeRay derives pod and service names from the RayJob name and caps it at 47 characters.
@@ -584,6 +585,11 @@ class LLMTrainingJobSpec(ApiModel):
         default_factory=CheckpointSpec,
         description="Checkpointing and export.",
         json_schema_extra=immutable("checkpoint"),
+    )
+    trainer: TrainerSpec = Field(
+        default_factory=TrainerSpec,
+        description="The training code: llmtrain's own loop, a Hugging Face Trainer, or your function.",
+        json_schema_extra=immutable("trainer"),
     )
     resources: ResourcesSpec = Field(
         default_factory=ResourcesSpec,
