@@ -17,6 +17,7 @@ from transformers import PretrainedConfig
 
 from llmtrain_trainer import model as models
 from llmtrain_trainer.data import DataError, data_files
+from llmtrain_trainer.modes.reference import CustomFunctionError, resolve
 from llmtrain_trainer.tokenizer import load_tokenizer
 
 
@@ -34,7 +35,8 @@ def check(config: TrainerConfig) -> None:
         _check_tokenizer(config, int(getattr(hf_config, "vocab_size", 0) or 0))
         _check_lora_targets(config, hf_config)
         _check_storage(Path(config.storage_path))
-    except (models.ModelError, DataError) as exc:
+        _check_trainer(config)
+    except (models.ModelError, DataError, CustomFunctionError) as exc:
         raise PreflightError(str(exc)) from exc
 
 
@@ -95,3 +97,20 @@ def _check_storage(storage: Path) -> None:
         raise PreflightError(f"storage path {storage} cannot be created: {exc.strerror or exc}") from exc
     if not os.access(storage, os.W_OK):
         raise PreflightError(f"storage path {storage} is not writable by uid {os.getuid()}")
+
+
+def _check_trainer(config: TrainerConfig) -> None:
+    """The custom function imports and takes one argument; Hugging Face pass-through arguments
+    are real TrainingArguments of the installed transformers."""
+    trainer = config.trainer
+    if trainer.type == "custom" and trainer.custom is not None:
+        resolve(trainer.custom)
+    if trainer.type == "huggingface" and trainer.huggingface is not None and trainer.huggingface.args:
+        from llmtrain_trainer.modes.hf_args import unknown_arguments
+
+        unknown = unknown_arguments(trainer.huggingface.args)
+        if unknown:
+            raise PreflightError(
+                f"trainer.huggingface.args {unknown} are not transformers.TrainingArguments "
+                "of the trainer image's transformers"
+            )
