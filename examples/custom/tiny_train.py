@@ -31,7 +31,9 @@ def train(ctx: Any) -> None:
     ctx.total_steps = steps
     torch.manual_seed(training.seed)
     model_config = dict(spec.model.config)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_config.pop("model_type"), **model_config))
+    model = AutoModelForCausalLM.from_config(
+        AutoConfig.for_model(model_config.pop("model_type"), **model_config)
+    )
     model.to(ctx.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=training.learning_rate)
     start = 0

@@ -89,7 +89,9 @@ class TrainContext:
         """What `save_checkpoint` saved in the resume checkpoint, or None on a fresh start."""
         if self.resume_checkpoint is None:
             return None
-        return torch.load(self.resume_checkpoint / STATE_FILE_NAME, map_location=map_location, weights_only=False)
+        return torch.load(
+            self.resume_checkpoint / STATE_FILE_NAME, map_location=map_location, weights_only=False
+        )
 
 
 def run_custom(config: TrainerConfig, env: WorkerEnv, run_dir: Path, log_lines: bool) -> None:

@@ -41,12 +41,12 @@ class CheckpointToRunDir(RayTrainReportCallback):  # type: ignore[misc]
     is registered with Ray Train like the built-in loop's checkpoints."""
 
     def __init__(self, run: ModeRun, output_dir: Path) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.run = run
         self.output_dir = output_dir
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        source = get_last_checkpoint(str(self.output_dir))
+        source = get_last_checkpoint(str(self.output_dir))  # type: ignore[no-untyped-call]
         metrics = {k: v for k, v in _latest_logs(state).items() if isinstance(v, int | float)}
         with self.run.checkpoint(state.global_step, metrics) as directory:
             target = directory / HF_CHECKPOINT
@@ -66,11 +66,15 @@ class ProgressToSinks(TrainerCallback):  # type: ignore[misc]
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.run.total_steps = int(state.max_steps)
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
         logs = logs or {}
         if "eval_loss" in logs:
             self.run.emit(
-                MetricsRecord("validation", state.global_step, self.run.total_steps, val_loss=logs["eval_loss"])
+                MetricsRecord(
+                    "validation", state.global_step, self.run.total_steps, val_loss=logs["eval_loss"]
+                )
             )
         if "loss" in logs:
             epoch = logs.get("epoch")

@@ -13,7 +13,7 @@ import inspect
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from llmtrain.api.trainer_spec import CustomTrainerSpec
 
@@ -45,20 +45,24 @@ def resolve(spec: CustomTrainerSpec) -> Callable[[Any], Any]:
             raise CustomFunctionError(
                 f"trainer.custom.function {ref!r}: no module named {exc.name!r} {where}"
             ) from exc
-        raise CustomFunctionError(f"trainer.custom.function {ref!r}: importing {module_name} failed: {exc}") from exc
+        raise CustomFunctionError(
+            f"trainer.custom.function {ref!r}: importing {module_name} failed: {exc}"
+        ) from exc
     except Exception as exc:
         raise CustomFunctionError(
             f"trainer.custom.function {ref!r}: importing {module_name} failed: {type(exc).__name__}: {exc}"
         ) from exc
     function = getattr(module, function_name, None)
     if function is None:
-        raise CustomFunctionError(f"trainer.custom.function {ref!r}: module {module_name} has no {function_name!r}")
+        raise CustomFunctionError(
+            f"trainer.custom.function {ref!r}: module {module_name} has no {function_name!r}"
+        )
     if not callable(function):
         raise CustomFunctionError(f"trainer.custom.function {ref!r}: {function_name} is not callable")
     try:
         signature = inspect.signature(function)
     except (TypeError, ValueError):
-        return function  # builtins without a signature: trust the call
+        return cast(Callable[[Any], Any], function)  # no signature (a builtin): trust the call
     try:
         signature.bind(object())
     except TypeError as exc:
@@ -66,4 +70,4 @@ def resolve(spec: CustomTrainerSpec) -> Callable[[Any], Any]:
             f"trainer.custom.function {ref!r} must accept exactly one argument (the TrainContext); "
             f"its signature is {function_name}{signature}"
         ) from exc
-    return function
+    return cast(Callable[[Any], Any], function)

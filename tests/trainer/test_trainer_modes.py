@@ -1,0 +1,125 @@
+"""trainer.type huggingface and custom on 2 CPU workers: each run has a worker killed after its
+first checkpoint (maxWorkerFailures 1), resumes from it, trains to a lower loss, leaves
+checkpoints and a loadable Hugging Face export, and reports progress the way the built-in loop does.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from llmtrain.api.trainer_config import TrainerConfig
+from llmtrain_trainer.kube_progress import progress_fields
+from llmtrain_trainer.loop import LoopOptions
+from llmtrain_trainer.main import run_training
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tests.trainer.helpers import REPO, losses, records, result, tiny_config
+from tests.trainer.test_worker_failure import kill_a_worker_after_checkpoint
+
+pytestmark = pytest.mark.slow
+
+STEPS, EVERY = 30, 10
+MODES: dict[str, dict[str, Any]] = {
+    "huggingface": {"type": "huggingface", "huggingface": {"args": {"optim": "adamw_torch"}}},
+    "custom": {
+        "type": "custom",
+        "custom": {"function": "tiny_train:train", "path": str(REPO / "examples/custom")},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def killed_run(
+    ray_address: str, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str], tuple[TrainerConfig, dict[str, int]]]:
+    runs: dict[str, tuple[TrainerConfig, dict[str, int]]] = {}
+
+    def get(mode: str) -> tuple[TrainerConfig, dict[str, int]]:
+        if mode not in runs:
+            config = tiny_config(
+                tmp_path_factory.mktemp(mode),
+                mode,
+                maxWorkerFailures=1,
+                strategy={"type": "ddp"},
+                trainer=MODES[mode],
+                training={"maxSteps": STEPS},
+                checkpoint={"everySteps": EVERY, "export": True},
+            )
+            killed: dict[str, int] = {}
+            killer = threading.Thread(
+                target=kill_a_worker_after_checkpoint, args=(config, killed, 300), daemon=True
+            )
+            killer.start()
+            run_training(config, LoopOptions(log_lines=False))
+            killer.join()
+            runs[mode] = (config, killed)
+        return runs[mode]
+
+    return get
+
+
+@pytest.fixture(params=list(MODES))
+def run(
+    request: pytest.FixtureRequest, killed_run: Callable[[str], tuple[TrainerConfig, dict[str, int]]]
+) -> tuple[TrainerConfig, dict[str, int]]:
+    return killed_run(str(request.param))
+
+
+def test_loss_falls_and_checkpoints_land_in_the_run_dir(run: tuple[TrainerConfig, dict[str, int]]) -> None:
+    config, _ = run
+    curve = losses(config)
+    assert sorted(curve) == list(range(1, STEPS + 1))
+    assert curve[1] > 5.5  # ln(384) ≈ 5.95 for a fresh byte-level model
+    assert curve[STEPS] < 0.7 * curve[1], curve
+    done = result(config)
+    assert done["finished"] and done["steps"] == STEPS and done["trainer"] == config.trainer.type
+    last = Path(done["checkpoint"])
+    assert last.name == "checkpoint-step-00000030"
+    if config.trainer.type == "huggingface":
+        assert {"model.safetensors", "optimizer.pt", "rng_state_0.pth", "rng_state_1.pth"} <= {
+            p.name for p in (last / "checkpoint").iterdir()
+        }
+    else:
+        assert (last / "state.pt").exists()
+
+
+def test_a_killed_worker_resumes_from_the_checkpoint(run: tuple[TrainerConfig, dict[str, int]]) -> None:
+    config, killed = run
+    assert killed, "no worker was killed"
+    events = records(config)
+    resumed = [r for r in events if r.event == "resumed"]
+    assert len(resumed) == 1, "exactly one restart"
+    restart = resumed[0].step
+    assert killed["checkpoint"] <= restart < STEPS and restart % EVERY == 0
+    after = [r.step for r in events[events.index(resumed[0]) :] if r.event == "step"]
+    assert after == list(range(restart + 1, STEPS + 1))
+    assert result(config)["resumed_from_step"] == restart
+
+
+def test_progress_reaches_the_status(run: tuple[TrainerConfig, dict[str, int]]) -> None:
+    """Folded as kube_progress folds them into status.progress: the step advances to the end."""
+    config, _ = run
+    state: dict[str, Any] = {}
+    seen: list[int] = []
+    for record in records(config):
+        state = progress_fields(state, record)
+        seen.append(state["step"])
+    assert state["step"] == STEPS and state["summary"] == f"{STEPS}/{STEPS}"
+    assert state["loss"] < 0.7 * losses(config)[1]
+    assert len(set(seen)) > STEPS // 2
+
+
+def test_export_loads_and_is_trained(run: tuple[TrainerConfig, dict[str, int]]) -> None:
+    config, _ = run
+    export = Path(config.export_dir)
+    model = AutoModelForCausalLM.from_pretrained(export)
+    tokenizer = AutoTokenizer.from_pretrained(export)
+    with torch.no_grad():
+        batch = tokenizer("Tom had a red ball. Tom loved it very much.", return_tensors="pt")
+        loss = model(**batch, labels=batch["input_ids"]).loss
+    assert float(loss) < 4.5
