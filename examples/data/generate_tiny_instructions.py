@@ -16,7 +16,9 @@ def main() -> None:
     for _ in range(400):
         a, b, op = rng.randint(0, 20), rng.randint(0, 20), rng.choice("+-")
         answer = a + b if op == "+" else a - b
-        lines.append(json.dumps({"prompt": f"What is {a} {WORDS[op]} {b}?", "response": f"{a} {op} {b} = {answer}."}))
+        lines.append(
+            json.dumps({"prompt": f"What is {a} {WORDS[op]} {b}?", "response": f"{a} {op} {b} = {answer}."})
+        )
     (Path(__file__).parent / "tiny-instructions.jsonl").write_text("\n".join(lines) + "\n")
 
 

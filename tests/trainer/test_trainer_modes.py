@@ -1,6 +1,8 @@
-"""trainer.type huggingface and custom on 2 CPU workers: each run has a worker killed after its
-first checkpoint (maxWorkerFailures 1), resumes from it, trains to a lower loss, leaves
-checkpoints and a loadable Hugging Face export, and reports progress the way the built-in loop does.
+"""The two examples, examples/tiny-cpu-hf.yaml (SFT with the Hugging Face Trainer) and
+examples/tiny-cpu-custom.yaml (a custom function), loaded the way `llmtrain run` loads them and
+shortened to 30 steps, on 2 CPU workers: each run has a worker killed after its first checkpoint
+(maxWorkerFailures 1), resumes from it, trains to a lower loss, leaves checkpoints and a loadable
+Hugging Face export, and reports progress the way the built-in loop does.
 """
 
 from __future__ import annotations
@@ -14,23 +16,34 @@ import pytest
 import torch
 from llmtrain.api.trainer_config import TrainerConfig
 from llmtrain_trainer.kube_progress import progress_fields
+from llmtrain_trainer.local import load_job_config
 from llmtrain_trainer.loop import LoopOptions
 from llmtrain_trainer.main import run_training
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.trainer.helpers import REPO, losses, records, result, tiny_config
+from tests.trainer.helpers import REPO, losses, records, result
 from tests.trainer.test_worker_failure import kill_a_worker_after_checkpoint
 
 pytestmark = pytest.mark.slow
 
 STEPS, EVERY = 30, 10
-MODES: dict[str, dict[str, Any]] = {
-    "huggingface": {"type": "huggingface", "huggingface": {"args": {"optim": "adamw_torch"}}},
-    "custom": {
-        "type": "custom",
-        "custom": {"function": "tiny_train:train", "path": str(REPO / "examples/custom")},
-    },
+EXAMPLES = {"huggingface": "tiny-cpu-hf.yaml", "custom": "tiny-cpu-custom.yaml"}
+# Text the trained model should find likely (the loss is taken after the prompt, if any).
+PROBES = {
+    "huggingface": ("Q: What is 3 plus 4?\nA: ", "3 + 4 = 7."),
+    "custom": ("", "Tom had a red ball. Tom loved it very much."),
 }
+
+
+def example_config(mode: str, runs: Path) -> TrainerConfig:
+    """The example as `llmtrain run` would train it, shortened and allowed one worker failure."""
+    config = load_job_config(REPO / "examples" / EXAMPLES[mode], runs, use_gpu=False)
+    document = config.model_dump(mode="json", by_alias=True)
+    document["maxWorkerFailures"] = 1
+    document["training"].update(maxSteps=STEPS, logEverySteps=1)
+    document["checkpoint"].update(everySteps=EVERY, export=True)
+    document["dataset"]["maxSeqLength"] = 64
+    return TrainerConfig.model_validate(document)
 
 
 @pytest.fixture(scope="module")
@@ -41,15 +54,8 @@ def killed_run(
 
     def get(mode: str) -> tuple[TrainerConfig, dict[str, int]]:
         if mode not in runs:
-            config = tiny_config(
-                tmp_path_factory.mktemp(mode),
-                mode,
-                maxWorkerFailures=1,
-                strategy={"type": "ddp"},
-                trainer=MODES[mode],
-                training={"maxSteps": STEPS},
-                checkpoint={"everySteps": EVERY, "export": True},
-            )
+            config = example_config(mode, tmp_path_factory.mktemp(mode))
+            assert config.trainer.type == mode and config.scaling.num_workers == 2
             killed: dict[str, int] = {}
             killer = threading.Thread(
                 target=kill_a_worker_after_checkpoint, args=(config, killed, 300), daemon=True
@@ -63,7 +69,7 @@ def killed_run(
     return get
 
 
-@pytest.fixture(params=list(MODES))
+@pytest.fixture(params=list(EXAMPLES))
 def run(
     request: pytest.FixtureRequest, killed_run: Callable[[str], tuple[TrainerConfig, dict[str, int]]]
 ) -> tuple[TrainerConfig, dict[str, int]]:
@@ -119,7 +125,11 @@ def test_export_loads_and_is_trained(run: tuple[TrainerConfig, dict[str, int]]) 
     export = Path(config.export_dir)
     model = AutoModelForCausalLM.from_pretrained(export)
     tokenizer = AutoTokenizer.from_pretrained(export)
+    prompt, answer = PROBES[config.trainer.type]
+    ids = tokenizer(prompt + answer, return_tensors="pt")["input_ids"]
+    labels = ids.clone()
+    labels[:, : len(tokenizer(prompt)["input_ids"])] = -100
     with torch.no_grad():
-        batch = tokenizer("Tom had a red ball. Tom loved it very much.", return_tensors="pt")
-        loss = model(**batch, labels=batch["input_ids"]).loss
+        loss = model(input_ids=ids, labels=labels).loss
+    # A fresh byte-level model is near ln(384) ≈ 5.95 nats per token.
     assert float(loss) < 4.5

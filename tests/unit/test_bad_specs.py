@@ -309,6 +309,14 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
         True,
     ),
     ("unknown-trainer", spec("trainer", {"type": "lightning"}), "trainer.type", True),
+    (
+        "hf-fsdp-on-cpu",
+        with_path(
+            with_path(BASE, "spec.trainer", {"type": "huggingface"}), "spec.resources", {"gpusPerWorker": 0}
+        ),
+        "strategy.type",
+        True,
+    ),
     # Inside the inline model config (preserve-unknown in the CRD): the API server accepts these;
     # `llmtrain validate` and the operator refuse them before anything is created.
     ("config-without-model-type", inline_config(model_type=None), "model.config.model_type", False),

@@ -69,6 +69,35 @@ CASES: dict[str, list[tuple[Any, Any, Any]]] = {
             None,
         ),
     ],
+    "self.trainer.type != 'huggingface' || self.strategy.type != 'fsdp' || "
+    "self.resources.gpusPerWorker > 0": [
+        (
+            {
+                "trainer": {"type": "huggingface"},
+                "strategy": {"type": "ddp"},
+                "resources": {"gpusPerWorker": 0},
+            },
+            {
+                "trainer": {"type": "huggingface"},
+                "strategy": {"type": "fsdp"},
+                "resources": {"gpusPerWorker": 0},
+            },
+            None,
+        ),
+        (
+            {
+                "trainer": {"type": "huggingface"},
+                "strategy": {"type": "fsdp"},
+                "resources": {"gpusPerWorker": 8},
+            },
+            {
+                "trainer": {"type": "huggingface"},
+                "strategy": {"type": "fsdp"},
+                "resources": {"gpusPerWorker": 0},
+            },
+            None,
+        ),
+    ],
     "self.metadata.name.size() <= 47": [
         ({"metadata": {"name": "a" * 47}}, {"metadata": {"name": "a" * 48}}, None)
     ],

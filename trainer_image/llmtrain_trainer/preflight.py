@@ -105,6 +105,11 @@ def _check_trainer(config: TrainerConfig) -> None:
     trainer = config.trainer
     if trainer.type == "custom" and trainer.custom is not None:
         resolve(trainer.custom)
+    if trainer.type == "huggingface" and config.strategy.type == "fsdp" and not config.scaling.use_gpu:
+        raise PreflightError(
+            "trainer.type huggingface with strategy.type fsdp needs GPUs; "
+            "use strategy.type ddp on CPU workers"
+        )
     if trainer.type == "huggingface" and trainer.huggingface is not None and trainer.huggingface.args:
         from llmtrain_trainer.modes.hf_args import unknown_arguments
 

@@ -552,6 +552,13 @@ class LLMTrainingJobSpec(ApiModel):
                     ".strategy.deepspeed.offloadOptimizer",
                 ),
                 cel(
+                    "self.trainer.type != 'huggingface' || self.strategy.type != 'fsdp' || "
+                    "self.resources.gpusPerWorker > 0",
+                    "trainer.type huggingface with strategy.type fsdp needs GPUs; use strategy.type "
+                    "ddp on CPU workers",
+                    ".strategy.type",
+                ),
+                cel(
                     "!has(self.podTemplate) || !has(self.podTemplate.volumeMounts) || "
                     "!has(self.storage.mountPath) || self.podTemplate.volumeMounts.all(m, "
                     "m.mountPath != self.storage.mountPath && "

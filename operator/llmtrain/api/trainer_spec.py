@@ -31,6 +31,7 @@ HF_DERIVED_ARGS: dict[str, str] = {
     "max_grad_norm": "training.maxGradNorm",
     "lr_scheduler_type": "training.lrScheduler",
     "gradient_checkpointing": "training.gradientCheckpointing",
+    "activation_checkpointing": "training.gradientCheckpointing",
     "seed": "training.seed",
     "bf16": "training.precision",
     "fp16": "training.precision",
@@ -89,7 +90,7 @@ class HuggingFaceTrainerSpec(ApiModel):
         }
     )
 
-    args: dict[str, Any] | None = Field(
+    args: Annotated[dict[str, Any], Field(max_length=64)] | None = Field(
         default=None,
         description="Extra transformers.TrainingArguments (snake_case names, e.g. optim, adam_beta2, "
         "dataloader_num_workers), checked against the installed transformers before workers start. "
@@ -111,7 +112,7 @@ class CustomTrainerSpec(ApiModel):
         "storage.mountPath (to the job file's folder with `llmtrain run`). Unset: the module comes "
         "from the trainer image.",
     )
-    args: dict[str, Any] | None = Field(
+    args: Annotated[dict[str, Any], Field(max_length=256)] | None = Field(
         default=None, description="Free-form settings handed to the function as context.args."
     )
 

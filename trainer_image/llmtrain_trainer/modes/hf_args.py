@@ -19,9 +19,15 @@ from transformers import TrainingArguments
 SCHEDULERS = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}
 
 
+_FIELDS = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
+# transformers 5 renamed gradient_checkpointing (the old name still works, with a warning).
+_CHECKPOINTING = (
+    "activation_checkpointing" if "activation_checkpointing" in _FIELDS else "gradient_checkpointing"
+)
+
+
 def unknown_arguments(args: dict[str, Any]) -> list[str]:
-    known = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
-    return sorted(k for k in args if k not in known)
+    return sorted(k for k in args if k not in _FIELDS)
 
 
 def strategy_arguments(config: TrainerConfig) -> dict[str, Any]:
@@ -71,7 +77,7 @@ def training_arguments(config: TrainerConfig, output_dir: Path, evaluate: bool) 
         "weight_decay": training.weight_decay,
         "max_grad_norm": training.max_grad_norm,
         "lr_scheduler_type": SCHEDULERS[training.lr_scheduler],
-        "gradient_checkpointing": training.gradient_checkpointing,
+        _CHECKPOINTING: training.gradient_checkpointing,
         "seed": training.seed,
         "bf16": on_gpu and training.precision == "bf16",
         "fp16": on_gpu and training.precision == "fp16",
