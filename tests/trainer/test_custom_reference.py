@@ -83,7 +83,30 @@ def test_missing_path_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 def test_unknown_hf_argument_fails_preflight(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tiny_config(
-        tmp_path / "runs", "hf", trainer={"type": "huggingface", "huggingface": {"args": {"optimm": "sgd"}}}
+        tmp_path / "runs",
+        "hf",
+        strategy={"type": "ddp"},
+        trainer={"type": "huggingface", "huggingface": {"args": {"optimm": "sgd"}}},
     )
     assert main(["--config", str(write_config(config, tmp_path / "c.json"))]) == 2
     assert "trainer.huggingface.args ['optimm']" in capsys.readouterr().err
+
+
+def test_llmtrain_run_names_a_bad_reference_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import yaml
+    from llmtrain_trainer.local import run_local
+
+    from tests.trainer.helpers import REPO
+
+    job = yaml.safe_load((REPO / "examples" / "tiny-cpu-custom.yaml").read_text())
+    job["spec"]["trainer"]["custom"] = {
+        "function": "tiny_train:missing",
+        "path": str(REPO / "examples/custom"),
+    }
+    job["spec"]["dataset"]["path"] = str(REPO / "examples/data/tiny-stories.txt")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    assert run_local(tmp_path / "job.yaml", tmp_path / "runs") == 2
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+    assert "trainer.custom.function 'tiny_train:missing'" in out and "has no 'missing'" in out, out
