@@ -21,7 +21,7 @@ from llmtrain_trainer.loop import LoopOptions
 from llmtrain_trainer.main import run_training
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.trainer.helpers import REPO, losses, records, result
+from tests.trainer.helpers import REPO, losses, records, result, tiny_config
 from tests.trainer.test_worker_failure import kill_a_worker_after_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -133,3 +133,29 @@ def test_export_loads_and_is_trained(run: tuple[TrainerConfig, dict[str, int]]) 
         loss = model(input_ids=ids, labels=labels).loss
     # A fresh byte-level model is near ln(384) ≈ 5.95 nats per token.
     assert float(loss) < 4.5
+
+
+def test_hf_trainer_with_deepspeed_merges_every_ranks_shards_and_resumes(
+    ray_address: str, tmp_path: Path
+) -> None:
+    """ZeRO-2 under the Hugging Face Trainer: both ranks' optimizer shards land in one registered
+    checkpoint (a merge, not an overwrite), and a continued run resumes the Trainer from it."""
+    overrides: dict[str, Any] = {
+        "strategy": {"type": "deepspeed", "deepspeed": {"zeroStage": 2}},
+        "trainer": {"type": "huggingface"},
+        "checkpoint": {"everySteps": EVERY},
+    }
+    first = tiny_config(tmp_path, "hf-zero2", training={"maxSteps": 20}, **overrides)
+    run_training(first, LoopOptions(log_lines=False))
+    shards = {
+        p.name for p in (Path(first.run_dir) / "checkpoint-step-00000020/checkpoint/global_step20").iterdir()
+    }
+    assert {f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)} <= shards, shards
+
+    continued = tiny_config(tmp_path, "hf-zero2", training={"maxSteps": 30}, **overrides)
+    run_training(continued, LoopOptions(log_lines=False))
+    events = records(continued)
+    assert [r.step for r in events if r.event == "resumed"] == [20]
+    curve = losses(continued)
+    assert sorted(curve) == list(range(1, 31)) and curve[30] < 0.7 * curve[1]
+    assert result(continued)["resumed_from_step"] == 20

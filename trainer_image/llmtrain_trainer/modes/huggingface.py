@@ -52,9 +52,19 @@ class CheckpointToRunDir(RayTrainReportCallback):  # type: ignore[misc]
             target = directory / HF_CHECKPOINT
             target.mkdir(exist_ok=True)
             if source is not None:
-                for item in Path(source).iterdir():
-                    item.replace(target / item.name)
+                merge_move(Path(source), target)
                 shutil.rmtree(source, ignore_errors=True)
+
+
+def merge_move(source: Path, target: Path) -> None:
+    """Move `source`'s files into `target`, merging folders that several ranks write (DeepSpeed's
+    `global_stepN/` holds every rank's shards); a file written by several ranks is the same file."""
+    for item in source.iterdir():
+        if item.is_dir():
+            (target / item.name).mkdir(exist_ok=True)
+            merge_move(item, target / item.name)
+        else:
+            item.replace(target / item.name)
 
 
 class ProgressToSinks(TrainerCallback):  # type: ignore[misc]
