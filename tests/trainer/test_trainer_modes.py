@@ -139,11 +139,13 @@ def test_hf_trainer_with_deepspeed_merges_every_ranks_shards_and_resumes(
     ray_address: str, tmp_path: Path
 ) -> None:
     """ZeRO-2 under the Hugging Face Trainer: both ranks' optimizer shards land in one registered
-    checkpoint (a merge, not an overwrite), and a continued run resumes the Trainer from it."""
+    checkpoint (a merge, not an overwrite), a continued run resumes the Trainer from it, and the
+    Trainer's evaluations become validation records."""
     overrides: dict[str, Any] = {
         "strategy": {"type": "deepspeed", "deepspeed": {"zeroStage": 2}},
         "trainer": {"type": "huggingface"},
         "checkpoint": {"everySteps": EVERY},
+        "dataset": {"validationSplit": 0.1},  # evaluated every checkpoint.everySteps
     }
     first = tiny_config(tmp_path, "hf-zero2", training={"maxSteps": 20}, **overrides)
     run_training(first, LoopOptions(log_lines=False))
@@ -159,3 +161,5 @@ def test_hf_trainer_with_deepspeed_merges_every_ranks_shards_and_resumes(
     curve = losses(continued)
     assert sorted(curve) == list(range(1, 31)) and curve[30] < 0.7 * curve[1]
     assert result(continued)["resumed_from_step"] == 20
+    validation = {r.step: r.val_loss for r in events if r.event == "validation"}
+    assert sorted(validation) == [10, 20, 30] and validation[30] < validation[10], validation
