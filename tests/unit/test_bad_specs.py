@@ -379,6 +379,40 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
         True,
     ),
     ("resume-from-run-traversal", spec("resumeFrom", {"run": "../other-ns/x"}), "resumeFrom.run", True),
+    (
+        "hf-args-override-output-dir",
+        spec("trainer", {"type": "huggingface", "huggingface": {"args": {"output_dir": "/elsewhere"}}}),
+        "trainer.huggingface.args",
+        True,
+    ),
+    (
+        "hf-args-set-learning-rate",
+        spec("trainer", {"type": "huggingface", "huggingface": {"args": {"learning_rate": 0.1}}}),
+        "trainer.huggingface.args",
+        True,
+    ),
+    (
+        "hf-block-with-builtin",
+        spec("trainer", {"type": "builtin", "huggingface": {"args": {}}}),
+        "trainer.huggingface",
+        True,
+    ),
+    ("custom-without-function", spec("trainer", {"type": "custom"}), "trainer.custom", True),
+    (
+        "custom-bad-reference",
+        spec("trainer", {"type": "custom", "custom": {"function": "my_module.train"}}),
+        "trainer.custom.function",
+        True,
+    ),
+    ("unknown-trainer", spec("trainer", {"type": "lightning"}), "trainer.type", True),
+    (
+        "hf-fsdp-on-cpu",
+        with_path(
+            with_path(BASE, "spec.trainer", {"type": "huggingface"}), "spec.resources", {"gpusPerWorker": 0}
+        ),
+        "strategy.type",
+        True,
+    ),
     # Inside the inline model config (preserve-unknown in the CRD): the API server accepts these;
     # `llmtrain validate` and the operator refuse them before anything is created.
     ("config-without-model-type", inline_config(model_type=None), "model.config.model_type", False),

@@ -69,6 +69,35 @@ CASES: dict[str, list[tuple[Any, Any, Any]]] = {
             None,
         ),
     ],
+    "self.trainer.type != 'huggingface' || self.strategy.type != 'fsdp' || "
+    "self.resources.gpusPerWorker > 0": [
+        (
+            {
+                "trainer": {"type": "huggingface"},
+                "strategy": {"type": "ddp"},
+                "resources": {"gpusPerWorker": 0},
+            },
+            {
+                "trainer": {"type": "huggingface"},
+                "strategy": {"type": "fsdp"},
+                "resources": {"gpusPerWorker": 0},
+            },
+            None,
+        ),
+        (
+            {
+                "trainer": {"type": "huggingface"},
+                "strategy": {"type": "fsdp"},
+                "resources": {"gpusPerWorker": 8},
+            },
+            {
+                "trainer": {"type": "huggingface"},
+                "strategy": {"type": "fsdp"},
+                "resources": {"gpusPerWorker": 0},
+            },
+            None,
+        ),
+    ],
     "self.metadata.name.size() <= 47": [
         ({"metadata": {"name": "a" * 47}}, {"metadata": {"name": "a" * 48}}, None)
     ],
@@ -107,8 +136,21 @@ def _rule(message_start: str) -> str:
 
 
 _MOUNT = {"name": "x", "mountPath": "/data"}
+_CUSTOM = {"function": "m:f"}
 CASES.update(
     {
+        _rule("trainer.huggingface.args cannot set"): [
+            ({"args": {"optim": "adamw_torch", "adam_beta2": 0.95}}, {"args": {"output_dir": "/x"}}, None),
+            ({}, {"args": {"optim": "sgd", "learning_rate": 0.1}}, None),
+            ({"args": {}}, {"args": {"save_strategy": "no"}}, None),
+        ],
+        "!has(self.huggingface) || self.type == 'huggingface'": [
+            ({"type": "huggingface", "huggingface": {}}, {"type": "builtin", "huggingface": {}}, None),
+        ],
+        "has(self.custom) == (self.type == 'custom')": [
+            ({"type": "custom", "custom": _CUSTOM}, {"type": "custom"}, None),
+            ({"type": "builtin"}, {"type": "huggingface", "custom": _CUSTOM}, None),
+        ],
         _rule("each podTemplate.volumes entry needs exactly one source"): [
             ({"name": "x", "emptyDir": {}}, {"name": "x", "emptyDir": {}, "secret": {}}, None),
             ({"name": "x", "csi": {"driver": "d"}}, {"name": "x"}, None),
@@ -280,6 +322,7 @@ def test_immutable_fields_and_mutable_ones() -> None:
         "training",
         "checkpoint",
         "resumeFrom",
+        "trainer",
         "resources",
         "storage",
         "network",

@@ -404,3 +404,26 @@ def test_without_an_overlay_the_pods_carry_only_the_platforms_metadata() -> None
     assert head["metadata"] == {"labels": {"llmtrain.dev/job": "llama", "llmtrain.dev/role": "head"}}
     assert "imagePullSecrets" not in head["spec"]
     assert "imagePullSecrets" not in rj["spec"]["submitterPodTemplate"]["spec"]
+
+
+@pytest.mark.parametrize("example", ["tiny-cpu-custom.yaml", "tiny-cpu-hf.yaml"])
+def test_trainer_modes_render_the_same_structure(example: str) -> None:
+    """Only the ConfigMap's trainer block differs from the built-in trainer's rendering: same
+    children, same RayJob (entrypoint included), and a custom path resolved on the shared storage."""
+    doc = load_example(example)
+    builtin = copy.deepcopy(doc)
+    del builtin["spec"]["trainer"]
+    mode, base = _by_kind(render(_job(doc))), _by_kind(render(_job(builtin)))
+    assert list(mode) == list(base)
+    for kind in mode:
+        if kind != "ConfigMap":
+            assert mode[kind] == base[kind], kind
+    raw = mode["ConfigMap"]["data"][CONFIG_FILENAME]
+    config = TrainerConfig.model_validate(json.loads(raw), by_alias=True, by_name=False)
+    assert config.trainer.type == doc["spec"]["trainer"]["type"]
+    if config.trainer.custom is not None:
+        assert config.trainer.custom.function == "tiny_train:train"
+        assert config.trainer.custom.path == "/mnt/llmtrain/custom"
+    else:
+        assert config.trainer.huggingface is not None
+        assert config.trainer.huggingface.args == {"optim": "adamw_torch", "adam_beta2": 0.98}

@@ -152,6 +152,14 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     console.print(table)
 
 
+def _describe(config: TrainerConfig) -> str:
+    trainer = config.trainer
+    if trainer.type == "custom" and trainer.custom is not None:
+        return f"custom trainer {escape(trainer.custom.function)}"
+    prefix = "Hugging Face Trainer, " if trainer.type == "huggingface" else ""
+    return f"{prefix}{config.strategy.type}"
+
+
 def run_local(
     job_file: Path, runs_root: Path = Path(LOCAL_RUNS_DIR), use_gpu: bool = False, fresh: bool = False
 ) -> int:
@@ -202,7 +210,7 @@ def run_local(
     workers = config.scaling.num_workers
     console.print(
         f"Training [bold]{escape(config.run_name)}[/bold] with {workers} {'GPU' if use_gpu else 'CPU'} "
-        f"workers ({config.strategy.type}); run directory {escape(str(run_dir))}"
+        f"workers ({_describe(config)}); run directory {escape(str(run_dir))}"
     )
     ray.init(
         num_cpus=max(1, int(workers * config.scaling.cpus_per_worker)),

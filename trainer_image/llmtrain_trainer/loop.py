@@ -82,7 +82,16 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         device=device,
     )
     run_dir = Path(context.get_storage().experiment_fs_path)
-    TrainingRun(config, env, run_dir, options).run()
+    if config.trainer.type == "custom":
+        from llmtrain_trainer.modes.custom import run_custom
+
+        run_custom(config, env, run_dir, options.log_lines)
+    elif config.trainer.type == "huggingface":
+        from llmtrain_trainer.modes.huggingface import run_huggingface
+
+        run_huggingface(config, env, run_dir, options.log_lines)
+    else:
+        TrainingRun(config, env, run_dir, options).run()
 
 
 def total_steps(config: TrainerConfig, num_sequences: int, world_size: int) -> int:

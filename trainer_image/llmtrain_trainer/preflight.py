@@ -17,7 +17,10 @@ from transformers import PretrainedConfig
 
 from llmtrain_trainer import model as models
 from llmtrain_trainer.data import DataError, data_files
-from llmtrain_trainer.resume_from import ResumeFromError, check_compatible, resolve
+from llmtrain_trainer.modes.reference import CustomFunctionError
+from llmtrain_trainer.modes.reference import resolve as resolve_custom_function
+from llmtrain_trainer.resume_from import ResumeFromError, check_compatible
+from llmtrain_trainer.resume_from import resolve as resolve_resume_source
 from llmtrain_trainer.rundir import latest_checkpoint
 from llmtrain_trainer.tokenizer import load_tokenizer
 
@@ -37,7 +40,8 @@ def check(config: TrainerConfig) -> None:
         _check_lora_targets(config, hf_config)
         _check_storage(Path(config.storage_path))
         _check_resume_from(config)
-    except (models.ModelError, DataError, ResumeFromError) as exc:
+        _check_trainer(config)
+    except (models.ModelError, DataError, ResumeFromError, CustomFunctionError) as exc:
         raise PreflightError(str(exc)) from exc
 
 
@@ -105,4 +109,26 @@ def _check_resume_from(config: TrainerConfig) -> None:
     checkpoints (a retry), which it then resumes instead."""
     if config.resume_from is None or latest_checkpoint(Path(config.run_dir)) is not None:
         return
-    check_compatible(resolve(config.resume_from, Path(config.run_dir)), config)
+    check_compatible(resolve_resume_source(config.resume_from, Path(config.run_dir)), config)
+
+
+def _check_trainer(config: TrainerConfig) -> None:
+    """The custom function imports and takes one argument; Hugging Face pass-through arguments
+    are real TrainingArguments of the installed transformers."""
+    trainer = config.trainer
+    if trainer.type == "custom" and trainer.custom is not None:
+        resolve_custom_function(trainer.custom)
+    if trainer.type == "huggingface" and config.strategy.type == "fsdp" and not config.scaling.use_gpu:
+        raise PreflightError(
+            "trainer.type huggingface with strategy.type fsdp needs GPUs; "
+            "use strategy.type ddp on CPU workers"
+        )
+    if trainer.type == "huggingface" and trainer.huggingface is not None and trainer.huggingface.args:
+        from llmtrain_trainer.modes.hf_args import unknown_arguments
+
+        unknown = unknown_arguments(trainer.huggingface.args)
+        if unknown:
+            raise PreflightError(
+                f"trainer.huggingface.args {unknown} are not transformers.TrainingArguments "
+                "of the trainer image's transformers"
+            )

@@ -25,6 +25,7 @@ from llmtrain.api.base import (
     metadata_keys_rule,
 )
 from llmtrain.api.pod_template import PodTemplateOverlay
+from llmtrain.api.trainer_spec import TrainerSpec
 from llmtrain.constants import CONFIG_DIR, DEFAULT_MOUNT_PATH
 from llmtrain.quantity import parse_quantity
 
@@ -681,6 +682,13 @@ class LLMTrainingJobSpec(ApiModel):
                     ".strategy.deepspeed.offloadOptimizer",
                 ),
                 cel(
+                    "self.trainer.type != 'huggingface' || self.strategy.type != 'fsdp' || "
+                    "self.resources.gpusPerWorker > 0",
+                    "trainer.type huggingface with strategy.type fsdp needs GPUs; use strategy.type "
+                    "ddp on CPU workers",
+                    ".strategy.type",
+                ),
+                cel(
                     "!has(self.podTemplate) || !has(self.podTemplate.volumeMounts) || "
                     "!has(self.storage.mountPath) || self.podTemplate.volumeMounts.all(m, "
                     "m.mountPath != self.storage.mountPath && "
@@ -731,6 +739,11 @@ class LLMTrainingJobSpec(ApiModel):
         default=None,
         description="Start from an earlier run or a seed checkpoint instead of from scratch.",
         json_schema_extra=immutable("resumeFrom"),
+    )
+    trainer: TrainerSpec = Field(
+        default_factory=TrainerSpec,
+        description="The training code: llmtrain's own loop, a Hugging Face Trainer, or your function.",
+        json_schema_extra=immutable("trainer"),
     )
     resources: ResourcesSpec = Field(
         default_factory=ResourcesSpec,

@@ -13,6 +13,7 @@ from pydantic import Field
 
 from llmtrain.api.base import ApiModel
 from llmtrain.api.spec import CheckpointSpec, DatasetSpec, MethodSpec, ModelSpec, StrategySpec, TrainingSpec
+from llmtrain.api.trainer_spec import TrainerSpec
 from llmtrain.constants import EXPORT_DIR
 
 
@@ -67,6 +68,7 @@ class TrainerConfig(ApiModel):
     training: TrainingSpec = Field(default_factory=TrainingSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     progress: ProgressSpec = Field(default_factory=ProgressSpec)
+    trainer: TrainerSpec = Field(default_factory=TrainerSpec)
 
     @property
     def run_dir(self) -> PurePosixPath:

@@ -53,6 +53,10 @@ def _build(
     dataset = spec.dataset
     if dataset.path:
         dataset = dataset.model_copy(update={"path": _resolve(dataset.path, base)})
+    trainer = spec.trainer
+    if trainer.custom is not None and trainer.custom.path:
+        custom = trainer.custom.model_copy(update={"path": _resolve(trainer.custom.path, base)})
+        trainer = trainer.model_copy(update={"custom": custom})
     return TrainerConfig(
         job=JobRef(name=job.metadata.name, namespace=job.metadata.namespace),
         run_name=name,
@@ -68,6 +72,7 @@ def _build(
         training=spec.training,
         checkpoint=spec.checkpoint,
         progress=progress,
+        trainer=trainer,
     )
 
 

@@ -1,0 +1,112 @@
+"""A bad trainer.custom.function (missing module or function, a module that fails to import, a
+wrong signature) or an unknown Hugging Face pass-through argument fails the entrypoint before any
+Ray worker starts, with a message naming the reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from llmtrain_trainer.main import main
+
+from tests.trainer.helpers import tiny_config, write_config
+
+MODULE = """
+def train(ctx):
+    pass
+
+def two(ctx, extra):
+    pass
+
+def keywords_only(*, ctx):
+    pass
+
+not_a_function = 3
+"""
+
+
+@pytest.fixture
+def code(tmp_path: Path) -> Path:
+    folder = tmp_path / "code"
+    folder.mkdir()
+    (folder / "user_train.py").write_text(MODULE)
+    (folder / "broken_train.py").write_text("import not_installed_package_xyz\n")
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("function", "expected"),
+    [
+        ("missing_module_xyz:train", "no module named 'missing_module_xyz'"),
+        ("user_train:nope", "module user_train has no 'nope'"),
+        ("user_train:not_a_function", "not_a_function is not callable"),
+        ("user_train:two", "must accept exactly one argument"),
+        ("user_train:keywords_only", "must accept exactly one argument"),
+        ("broken_train:train", "importing broken_train failed: No module named 'not_installed_package_xyz'"),
+    ],
+)
+def test_bad_reference_fails_before_workers_start(
+    tmp_path: Path, code: Path, capsys: pytest.CaptureFixture[str], function: str, expected: str
+) -> None:
+    config = tiny_config(
+        tmp_path / "runs",
+        "bad-ref",
+        trainer={"type": "custom", "custom": {"function": function, "path": str(code)}},
+    )
+    assert main(["--config", str(write_config(config, tmp_path / "c.json"))]) == 2
+    err = capsys.readouterr().err
+    assert f"trainer.custom.function {function!r}" in err and expected in err, err
+    assert not (tmp_path / "runs" / "bad-ref").exists(), "no run was started"
+
+
+def test_good_reference_passes_preflight(tmp_path: Path, code: Path) -> None:
+    from llmtrain_trainer.preflight import check
+
+    check(
+        tiny_config(
+            tmp_path / "r",
+            "ok",
+            trainer={"type": "custom", "custom": {"function": "user_train:train", "path": str(code)}},
+        )
+    )
+
+
+def test_missing_path_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tiny_config(
+        tmp_path / "runs",
+        "p",
+        trainer={"type": "custom", "custom": {"function": "m:f", "path": str(tmp_path / "no")}},
+    )
+    assert main(["--config", str(write_config(config, tmp_path / "c.json"))]) == 2
+    assert "trainer.custom.path" in capsys.readouterr().err
+
+
+def test_unknown_hf_argument_fails_preflight(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tiny_config(
+        tmp_path / "runs",
+        "hf",
+        strategy={"type": "ddp"},
+        trainer={"type": "huggingface", "huggingface": {"args": {"optimm": "sgd"}}},
+    )
+    assert main(["--config", str(write_config(config, tmp_path / "c.json"))]) == 2
+    assert "trainer.huggingface.args ['optimm']" in capsys.readouterr().err
+
+
+def test_llmtrain_run_names_a_bad_reference_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import yaml
+    from llmtrain_trainer.local import run_local
+
+    from tests.trainer.helpers import REPO
+
+    job = yaml.safe_load((REPO / "examples" / "tiny-cpu-custom.yaml").read_text())
+    job["spec"]["trainer"]["custom"] = {
+        "function": "tiny_train:missing",
+        "path": str(REPO / "examples/custom"),
+    }
+    job["spec"]["dataset"]["path"] = str(REPO / "examples/data/tiny-stories.txt")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    assert run_local(tmp_path / "job.yaml", tmp_path / "runs") == 2
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+    assert "trainer.custom.function 'tiny_train:missing'" in out and "has no 'missing'" in out, out

@@ -1,0 +1,95 @@
+"""The spec → `transformers.TrainingArguments` for trainer.type huggingface.
+
+Everything the spec already says (hyperparameters, precision, strategy, logging and checkpoint
+cadence) is derived here; `trainer.huggingface.args` adds the rest. The CRD refuses pass-through
+keys the platform owns (llmtrain.api.trainer_spec.HF_RESERVED_ARGS); preflight refuses keys the
+installed transformers does not know, so a typo fails before any worker starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from llmtrain.api.trainer_config import TrainerConfig
+from transformers import TrainingArguments
+
+# The built-in loop's schedule names → transformers' (a constant rate still warms up).
+SCHEDULERS = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}
+
+
+_FIELDS = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
+# transformers 5 renamed gradient_checkpointing (the old name still works, with a warning).
+_CHECKPOINTING = (
+    "activation_checkpointing" if "activation_checkpointing" in _FIELDS else "gradient_checkpointing"
+)
+
+
+def unknown_arguments(args: dict[str, Any]) -> list[str]:
+    return sorted(k for k in args if k not in _FIELDS)
+
+
+def strategy_arguments(config: TrainerConfig) -> dict[str, Any]:
+    """FSDP or DeepSpeed as transformers (through accelerate) configures them; DDP needs nothing."""
+    strategy = config.strategy
+    if strategy.type == "fsdp":
+        fsdp = strategy.fsdp
+        options = "full_shard auto_wrap" + (" offload" if fsdp is not None and fsdp.cpu_offload else "")
+        reshard = fsdp.reshard_after_forward if fsdp is not None else True
+        return {"fsdp": options, "fsdp_config": {"version": 2, "reshard_after_forward": reshard}}
+    if strategy.type == "deepspeed":
+        ds = strategy.deepspeed
+        stage = ds.zero_stage if ds is not None else 3
+        zero: dict[str, Any] = {"stage": stage}
+        if ds is not None and ds.offload_optimizer:
+            zero["offload_optimizer"] = {"device": "cpu"}
+        if ds is not None and ds.offload_params:
+            zero["offload_param"] = {"device": "cpu"}
+        if stage == 3:
+            zero["stage3_gather_16bit_weights_on_model_save"] = True
+        return {
+            "deepspeed": {
+                "zero_optimization": zero,
+                "bf16": {"enabled": "auto"},
+                "fp16": {"enabled": "auto"},
+                "train_micro_batch_size_per_gpu": "auto",
+                "gradient_accumulation_steps": "auto",
+                "gradient_clipping": "auto",
+            }
+        }
+    return {}
+
+
+def training_arguments(config: TrainerConfig, output_dir: Path, evaluate: bool) -> TrainingArguments:
+    training, on_gpu = config.training, config.scaling.use_gpu
+    passed = dict(config.trainer.huggingface.args or {}) if config.trainer.huggingface else {}
+    derived: dict[str, Any] = {
+        "output_dir": str(output_dir),
+        "max_steps": training.max_steps or -1,
+        "num_train_epochs": training.epochs,
+        "per_device_train_batch_size": training.micro_batch_size,
+        "per_device_eval_batch_size": training.micro_batch_size,
+        "gradient_accumulation_steps": training.gradient_accumulation_steps,
+        "learning_rate": training.learning_rate,
+        # A float below 1 is a fraction of the total steps.
+        "warmup_steps": min(training.warmup_ratio, 0.999),
+        "weight_decay": training.weight_decay,
+        "max_grad_norm": training.max_grad_norm,
+        "lr_scheduler_type": SCHEDULERS[training.lr_scheduler],
+        _CHECKPOINTING: training.gradient_checkpointing,
+        "seed": training.seed,
+        "bf16": on_gpu and training.precision == "bf16",
+        "fp16": on_gpu and training.precision == "fp16",
+        "use_cpu": not on_gpu,
+        "logging_strategy": "steps",
+        "logging_steps": training.log_every_steps,
+        "logging_first_step": True,
+        "save_strategy": "steps",
+        "save_steps": config.checkpoint.every_steps,
+        "eval_strategy": "steps" if evaluate else "no",
+        "eval_steps": config.checkpoint.every_steps if evaluate else None,
+        **strategy_arguments(config),
+    }
+    defaults = {"report_to": "none", "disable_tqdm": True}
+    return TrainingArguments(**{**defaults, **passed, **derived})
