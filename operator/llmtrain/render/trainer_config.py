@@ -47,6 +47,7 @@ def _build(
         training=spec.training,
         checkpoint=spec.checkpoint,
         progress=progress,
+        network=spec.network,
     )
 
 
