@@ -111,6 +111,12 @@ JOBS: dict[str, dict[str, Any]] = {
         },
     },
     "created-claim": {"storage": {"create": {"size": "1Gi", "storageClassName": "shared-rwx"}}},
+    # The fabric profiles' workers add IPC_LOCK and request their device.
+    "infiniband-fabric": {"resources": {"gpusPerWorker": 8}, "network": {"ncclProfile": "infiniband"}},
+    "efa-fabric-named-device": {
+        "resources": {"gpusPerWorker": 8, "gpuResourceName": "nvidia.com/mig-3g.40gb"},
+        "network": {"ncclProfile": "efa", "fabric": {"resourceName": "example.com/efa", "perWorker": 4}},
+    },
     "queued-and-suspended": {"runPolicy": {"queueName": "team-queue", "suspend": True}},
     # Every volume kind spec.podTemplate may add, with pull secrets, labels and annotations.
     "pod-template-overlay": {
@@ -215,3 +221,64 @@ def test_the_policy_can_be_switched_off() -> None:
     objects = render_chart({"containment": {"enabled": False}})
     assert not find(objects, "ValidatingAdmissionPolicy")
     assert not find(objects, "ValidatingAdmissionPolicyBinding")
+
+
+FABRIC_JOB = JOBS["infiniband-fabric"]
+CAPABILITIES = "its pods add no capabilities, except IPC_LOCK alone on a worker container"
+
+
+def _fabric_rayjob() -> Obj:
+    (rayjob,) = [c for c in rendered("train", **FABRIC_JOB) if c["kind"] == "RayJob"]
+    return rayjob
+
+
+def _containers(rayjob: Obj, group: str) -> list[Obj]:
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    pod = {
+        "head": cluster["headGroupSpec"]["template"]["spec"],
+        "worker": cluster["workerGroupSpecs"][0]["template"]["spec"],
+        "submitter": rayjob["spec"]["submitterPodTemplate"]["spec"],
+    }[group]
+    containers: list[Obj] = pod["containers"]
+    return containers
+
+
+def _add(container: Obj, *capabilities: str) -> None:
+    container["securityContext"] = copy.deepcopy(container["securityContext"])
+    container["securityContext"]["capabilities"] = {"drop": ["ALL"], "add": list(capabilities)}
+
+
+def test_a_fabric_worker_may_add_ipc_lock_and_nothing_else() -> None:
+    spec = policy()["spec"]
+    rayjob = _fabric_rayjob()
+    (worker,) = _containers(rayjob, "worker")
+    assert worker["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    assert judge(spec, "CREATE", rayjob) == []
+    refusals: dict[str, Any] = {
+        "IPC_LOCK and NET_RAW on the worker": lambda r: _add(
+            _containers(r, "worker")[0], "IPC_LOCK", "NET_RAW"
+        ),
+        "SYS_ADMIN on the worker": lambda r: _add(_containers(r, "worker")[0], "SYS_ADMIN"),
+        "IPC_LOCK on the head": lambda r: _add(_containers(r, "head")[0], "IPC_LOCK"),
+        "IPC_LOCK on the submitter": lambda r: _add(_containers(r, "submitter")[0], "IPC_LOCK"),
+        "IPC_LOCK on a worker without a fabric device": lambda r: _containers(r, "worker")[0]["resources"][
+            "limits"
+        ].pop("rdma/rdma_shared_device_a"),
+        "IPC_LOCK on a worker init container": lambda r: r["spec"]["rayClusterSpec"]["workerGroupSpecs"][0][
+            "template"
+        ]["spec"].__setitem__("initContainers", [copy.deepcopy(_containers(r, "worker")[0])]),
+    }
+    for what, change in refusals.items():
+        changed = copy.deepcopy(rayjob)
+        change(changed)
+        refused = judge(spec, "CREATE", changed)
+        assert any(CAPABILITIES in m for m in refused), f"{what}: {refused}"
+
+
+def test_a_restricted_profile_worker_may_not_add_ipc_lock() -> None:
+    """Only a worker requesting a fabric device: with just a GPU, IPC_LOCK is refused."""
+    spec = policy()["spec"]
+    (rayjob,) = [c for c in rendered("train", resources={"gpusPerWorker": 8}) if c["kind"] == "RayJob"]
+    assert judge(spec, "CREATE", rayjob) == []
+    _add(_containers(rayjob, "worker")[0], "IPC_LOCK")
+    assert any(CAPABILITIES in m for m in judge(spec, "CREATE", rayjob))

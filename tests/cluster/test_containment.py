@@ -38,6 +38,7 @@ from tests.cluster.conftest import (
 from tests.support.cluster.cluster import Cluster
 
 POLICY = f"ValidatingAdmissionPolicy '{RELEASE}-operator'"
+CAPABILITIES = "its pods add no capabilities, except IPC_LOCK alone on a worker container"
 RBAC_ESCALATION = "is attempting to grant RBAC permissions not currently held"
 NAMESPACE = "t-containment"
 
@@ -154,6 +155,26 @@ def _privileged(rayjob: dict[str, Any]) -> None:
         **_head(rayjob)["containers"][0]["securityContext"],
         "privileged": True,
     }
+
+
+def _capabilities(container: dict[str, Any], *add: str) -> None:
+    container["securityContext"] = {
+        **container["securityContext"],
+        "capabilities": {"drop": ["ALL"], "add": list(add)},
+    }
+
+
+def _fabric_worker(*add: str) -> Callable[[dict[str, Any]], None]:
+    """The worker requests a fabric device, as the infiniband and efa profiles render it, and adds
+    `add`."""
+
+    def change(rayjob: dict[str, Any]) -> None:
+        container = _worker(rayjob)["containers"][0]
+        for side in ("requests", "limits"):
+            container["resources"][side]["rdma/rdma_shared_device_a"] = "1"
+        _capabilities(container, *add)
+
+    return change
 
 
 def _attach(rayjob: dict[str, Any]) -> None:
@@ -323,6 +344,21 @@ ATTEMPTS = [
         "refused to write RayJob {ns}/evil: its pods must be restricted",
     ),
     Attempt(
+        "rayjob-adding-a-capability-beside-ipc-lock-to-a-fabric-worker",
+        _rayjob(_fabric_worker("IPC_LOCK", "NET_RAW")),
+        f"refused to write RayJob {{ns}}/evil: {CAPABILITIES}",
+    ),
+    Attempt(
+        "rayjob-adding-ipc-lock-to-a-worker-without-a-fabric-device",
+        _rayjob(lambda r: _capabilities(_worker(r)["containers"][0], "IPC_LOCK")),
+        f"refused to write RayJob {{ns}}/evil: {CAPABILITIES}",
+    ),
+    Attempt(
+        "rayjob-adding-ipc-lock-to-the-head",
+        _rayjob(lambda r: _capabilities(_head(r)["containers"][0], "IPC_LOCK")),
+        f"refused to write RayJob {{ns}}/evil: {CAPABILITIES}",
+    ),
+    Attempt(
         "rayjob-attaching-to-an-existing-ray-cluster",
         _rayjob(_attach),
         "refused to write RayJob {ns}/evil: a RayJob of the operator brings its own Ray cluster",
@@ -376,6 +412,13 @@ def test_what_the_operator_renders_is_admitted(cluster: Cluster, contained: str)
         o["metadata"]["name"] == hashed or not o["metadata"]["name"].startswith(hashed) for o in made.values()
     )
     create_children(cluster, contained, "queued", queue="team-queue")
+    # A GPU job of the infiniband profile: its workers add IPC_LOCK and request the RDMA device.
+    doc = cpu_job("fabric", contained, suspend=True)
+    doc["spec"]["resources"]["gpusPerWorker"] = 8
+    doc["spec"]["network"] = {"ncclProfile": "infiniband"}
+    for obj in render(parse_job(doc)):
+        result = create(cluster, contained, obj)
+        assert result.returncode == 0, f"{obj['kind']}: {result.stderr}"
     role = children("mine", contained)["Role"]
     writes = [
         _patch("rayjob", "mine", {"spec": {"ttlSecondsAfterFinished": 60, "activeDeadlineSeconds": 3600}}),

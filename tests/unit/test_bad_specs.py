@@ -352,6 +352,30 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
         "dataset.path",
         True,
     ),
+    (
+        "fabric-devices-without-a-fabric-profile",
+        spec("network", {"ncclProfile": "ethernet", "fabric": {"resourceName": "rdma/ib", "perWorker": 1}}),
+        "network.fabric",
+        True,
+    ),
+    (
+        "fabric-profile-on-a-cpu-job",
+        with_path(spec("resources", {"gpusPerWorker": 0}), "spec.network", {"ncclProfile": "efa"}),
+        "network.ncclProfile",
+        True,
+    ),
+    (
+        "fabric-device-without-a-domain",
+        spec("network", {"ncclProfile": "efa", "fabric": {"resourceName": "efa"}}),
+        "network.fabric.resourceName",
+        True,
+    ),
+    (
+        "fabric-check-unknown-action",
+        spec("network", {"ncclProfile": "infiniband", "fabric": {"onSocketFallback": "ignore"}}),
+        "network.fabric.onSocketFallback",
+        True,
+    ),
     # Quantities: compared by `llmtrain validate` and the operator (the CRD's CEL has no quantities).
     (
         "shared-memory-over-memory",

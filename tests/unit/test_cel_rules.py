@@ -241,6 +241,27 @@ CASES.update(
                 None,
             ),
         ],
+        _rule("network.fabric (RDMA devices"): [
+            (
+                {"ncclProfile": "efa", "fabric": {"perWorker": 4}},
+                {"ncclProfile": "auto", "fabric": {"perWorker": 4}},
+                None,
+            ),
+            ({"ncclProfile": "ethernet"}, {"ncclProfile": "nvlink", "fabric": {}}, None),
+            ({"ncclProfile": "infiniband", "fabric": {}}, {"ncclProfile": "ethernet", "fabric": {}}, None),
+        ],
+        _rule("network.ncclProfile infiniband and efa need GPUs"): [
+            (
+                {"network": {"ncclProfile": "infiniband"}, "resources": {"gpusPerWorker": 8}},
+                {"network": {"ncclProfile": "infiniband"}, "resources": {"gpusPerWorker": 0}},
+                None,
+            ),
+            (
+                {"network": {"ncclProfile": "ethernet"}, "resources": {"gpusPerWorker": 0}},
+                {"network": {"ncclProfile": "efa"}, "resources": {"gpusPerWorker": 0}},
+                None,
+            ),
+        ],
         _rule("podTemplate.volumeMounts cannot mount at or under storage.mountPath"): [
             (
                 {

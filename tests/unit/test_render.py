@@ -15,6 +15,8 @@ from llmtrain.constants import CONFIG_FILENAME
 from llmtrain.render import ImageSettings, render
 from llmtrain.render.names import MAX_CHILD_NAME, child_name
 from llmtrain.render.network import PROFILES
+from llmtrain.render.rayjob import CONTAINER_SECURITY_CONTEXT
+from llmtrain.render.trainer_config import cluster_trainer_config
 
 from tests.support.jobs import load_example, minimal_job, with_path
 
@@ -168,7 +170,9 @@ def test_worker_group_gpus_placement_and_replicas() -> None:
     assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 4
     pod = group["template"]["spec"]
     res = pod["containers"][0]["resources"]
-    assert res["limits"] == res["requests"] == {"cpu": "96", "memory": "1000Gi", "nvidia.com/gpu": "8"}
+    # _gpu_job is on InfiniBand: the worker also requests the RDMA device.
+    expected = {"cpu": "96", "memory": "1000Gi", "nvidia.com/gpu": "8", "rdma/rdma_shared_device_a": "1"}
+    assert res["limits"] == res["requests"] == expected
     assert pod["nodeSelector"] == {"pool": "training", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     assert {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"} in pod[
@@ -230,7 +234,7 @@ def test_shared_memory_storage_and_config_mounted_on_every_pod() -> None:
 
 
 def test_restricted_security_context_on_every_pod_and_container() -> None:
-    rj = rayjob(_gpu_job())
+    rj = rayjob(_gpu_job(network={"ncclProfile": "nvlink"}))
     all_pods = [*pods(rj), rj["spec"]["submitterPodTemplate"]["spec"]]
     for pod in all_pods:
         assert pod["securityContext"]["runAsNonRoot"] is True
@@ -260,7 +264,8 @@ def test_nccl_profile_env_with_overrides_winning() -> None:
         assert env["EXTRA"] == "1"
         assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
         assert env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] == "1800"
-        assert env["NCCL_DEBUG"] == "WARN"
+        # WARN asked; on a fabric NCCL logs INFO of INIT and NET to its file for the start-up check.
+        assert env["NCCL_DEBUG"] == "INFO"
 
 
 @pytest.mark.parametrize("profile", sorted(PROFILES))
@@ -427,3 +432,75 @@ def test_trainer_modes_render_the_same_structure(example: str) -> None:
     else:
         assert config.trainer.huggingface is not None
         assert config.trainer.huggingface.args == {"optim": "adamw_torch", "adam_beta2": 0.98}
+
+
+# ---- fabric profiles (infiniband, efa): devices and IPC_LOCK on the workers only ----------------
+def _worker_container(doc: dict[str, Any]) -> dict[str, Any]:
+    container: dict[str, Any] = pods(rayjob(doc))[1]["containers"][0]
+    return container
+
+
+@pytest.mark.parametrize("profile", ["auto", "nvlink", "ethernet"])
+def test_other_profiles_keep_todays_restricted_pods_exactly(profile: str) -> None:
+    """Every pod of a non-fabric profile is what it was: no device, no capability, no NCCL log
+    file; only the profile's NCCL variables differ between them."""
+
+    def without_env(rj: dict[str, Any]) -> dict[str, Any]:
+        out = copy.deepcopy(rj)
+        for pod in [*pods(out), out["spec"]["submitterPodTemplate"]["spec"]]:
+            for c in pod["containers"]:
+                c.pop("env", None)
+        return out
+
+    doc = _gpu_job(network={"ncclProfile": profile})
+    rj = rayjob(doc)
+    assert without_env(rj) == without_env(rayjob(_gpu_job(network={"ncclProfile": "auto"})))
+    worker = _worker_container(doc)
+    assert worker["securityContext"] == CONTAINER_SECURITY_CONTEXT
+    assert set(worker["resources"]["limits"]) == {"cpu", "memory", "nvidia.com/gpu"}
+    assert "NCCL_DEBUG_FILE" not in env_of(pods(rj)[1])
+
+
+@pytest.mark.parametrize(
+    ("profile", "device"), [("infiniband", "rdma/rdma_shared_device_a"), ("efa", "vpc.amazonaws.com/efa")]
+)
+def test_fabric_workers_request_their_device_and_add_ipc_lock(profile: str, device: str) -> None:
+    rj = rayjob(_gpu_job(network={"ncclProfile": profile}))
+    head, worker_pod = pods(rj)
+    worker = worker_pod["containers"][0]
+    assert worker["resources"]["limits"][device] == "1" and worker["resources"]["requests"][device] == "1"
+    assert worker["securityContext"] == {
+        **CONTAINER_SECURITY_CONTEXT,
+        "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]},
+    }
+    # The head and the submitter stay restricted, without the device.
+    for pod in (head, rj["spec"]["submitterPodTemplate"]["spec"]):
+        for c in pod["containers"]:
+            assert c["securityContext"] == CONTAINER_SECURITY_CONTEXT
+            assert device not in c["resources"]["limits"]
+
+
+def test_fabric_device_name_count_and_ipc_lock_are_configurable() -> None:
+    fabric = {"resourceName": "nvidia.com/hostdev", "perWorker": 8, "ipcLock": False}
+    worker = _worker_container(_gpu_job(network={"ncclProfile": "infiniband", "fabric": fabric}))
+    assert worker["resources"]["limits"]["nvidia.com/hostdev"] == "8"
+    assert "rdma/rdma_shared_device_a" not in worker["resources"]["limits"]
+    assert worker["securityContext"] == CONTAINER_SECURITY_CONTEXT  # restricted again
+
+
+def test_fabric_profiles_have_nccl_log_its_transport_to_a_file_per_process() -> None:
+    env = {k: v.get("value") for k, v in env_of(pods(rayjob(_gpu_job()))[1]).items()}
+    assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
+    assert env["NCCL_DEBUG_FILE"] == "/tmp/llmtrain-nccl.%h.%p.log"
+    # A chosen level of INFO or more is kept, with NCCL's own subsystems.
+    trace = _gpu_job(network={"ncclProfile": "efa", "ncclDebug": "TRACE"})
+    env = {k: v.get("value") for k, v in env_of(pods(rayjob(trace))[1]).items()}
+    assert env["NCCL_DEBUG"] == "TRACE" and "NCCL_DEBUG_SUBSYS" not in env
+    assert env["NCCL_NET_PLUGIN"] == "ofi"  # the image's libnccl-net-ofi.so
+
+
+def test_the_trainer_config_carries_the_network_for_the_start_up_check() -> None:
+    doc = _gpu_job(network={"ncclProfile": "efa", "fabric": {"onSocketFallback": "warn"}})
+    config = cluster_trainer_config(_job(doc))
+    assert config.network.nccl_profile == "efa"
+    assert config.network.fabric is not None and config.network.fabric.on_socket_fallback == "warn"

@@ -101,6 +101,11 @@ def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.booleans()):
         run_policy["queueName"] = "team-queue"
     precision = draw(st.sampled_from(["bf16", "fp32"] + (["fp16"] if gpus else [])))
+    # The fabric profiles need GPUs; their device settings are optional.
+    profiles = ["auto", "nvlink", "ethernet"] + (["infiniband", "efa"] if gpus else [])
+    network: dict[str, Any] = {"ncclProfile": draw(st.sampled_from(profiles))}
+    if network["ncclProfile"] in ("infiniband", "efa") and draw(st.booleans()):
+        network["fabric"] = {"perWorker": draw(st.integers(1, 32)), "ipcLock": draw(st.booleans())}
     doc = minimal_job(
         draw(names),
         namespace=draw(st.sampled_from(["default", "ml-team"])),
@@ -110,7 +115,7 @@ def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
         resources=resources,
         runPolicy=run_policy,
         training={"precision": precision},
-        network={"ncclProfile": draw(st.sampled_from(["auto", "nvlink", "infiniband", "efa", "ethernet"]))},
+        network=network,
     )
     if draw(st.booleans()):
         doc["metadata"]["uid"] = "0b7c6a8e-uid"

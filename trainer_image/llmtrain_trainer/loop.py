@@ -28,6 +28,7 @@ from llmtrain_trainer import checkpoint
 from llmtrain_trainer.data import DistributedBatches, SequenceData, build_sequences, evaluation_batches
 from llmtrain_trainer.distributed import WorkerEnv, rank_zero_first, scalar
 from llmtrain_trainer.export import export_model
+from llmtrain_trainer.fabric_check import check_fabric, should_check
 from llmtrain_trainer.loss import token_loss_sum, trained_tokens
 from llmtrain_trainer.metrics import MetricsRecord, Throughput, eta_seconds, input_token_count, peak_flops
 from llmtrain_trainer.model import count_parameters, flops_per_token, model_config
@@ -81,6 +82,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         local_rank=context.get_local_rank(),
         device=device,
     )
+    if should_check(config.network.nccl_profile, env.on_gpu):
+        check_fabric(config.network, lambda: _first_collective(env))
     run_dir = Path(context.get_storage().experiment_fs_path)
     if config.trainer.type == "custom":
         from llmtrain_trainer.modes.custom import run_custom
@@ -92,6 +95,13 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         run_huggingface(config, env, run_dir, options.log_lines)
     else:
         TrainingRun(config, env, run_dir, options).run()
+
+
+def _first_collective(env: WorkerEnv) -> None:
+    """An all-reduce of one element: NCCL creates its communicator (and logs its transport)."""
+    probe = torch.ones(1, device=env.device)
+    dist.all_reduce(probe)
+    torch.cuda.synchronize(env.device)
 
 
 def total_steps(config: TrainerConfig, num_sequences: int, world_size: int) -> int:

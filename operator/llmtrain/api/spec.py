@@ -544,8 +544,63 @@ class EnvVar(ApiModel):
     value: Annotated[str, Field(max_length=4096)] = Field(default="", description="Variable value.")
 
 
+# The profiles that use an RDMA fabric; their workers get the fabric devices (FabricSpec).
+FABRIC_PROFILES = ("infiniband", "efa")
+_FABRIC_LIST = "['" + "', '".join(FABRIC_PROFILES) + "']"
+# An extended resource name: a domain prefix is required (vpc.amazonaws.com/efa, rdma/...).
+EXTENDED_RESOURCE = (
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+
+
+class FabricSpec(ApiModel):
+    """RDMA devices of each worker for the infiniband and efa profiles, and the start-up check.
+
+    Setting the NCCL variables alone is not enough: without the devices (from a device plugin)
+    and locked-memory rights, NCCL silently falls back to TCP sockets."""
+
+    resource_name: Annotated[str, Field(pattern=EXTENDED_RESOURCE, max_length=253)] | None = Field(
+        default=None,
+        description="Extended resource of the fabric device each worker requests (request = limit); "
+        "defaults to rdma/rdma_shared_device_a (infiniband: the NVIDIA network operator's RDMA "
+        "shared device plugin) or vpc.amazonaws.com/efa (efa: the AWS EFA device plugin).",
+    )
+    per_worker: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Devices per worker pod: 1 for an RDMA shared device pool; for EFA, the "
+        "instance's interfaces (e.g. 4 on p4d.24xlarge, 32 on p5.48xlarge).",
+    )
+    ipc_lock: bool = Field(
+        default=True,
+        description="Add the IPC_LOCK capability to the worker container for RDMA memory "
+        "registration. It needs the privileged Pod Security level; set false on nodes whose "
+        "container runtime gives pods an unlimited memlock limit, to stay restricted.",
+    )
+    on_socket_fallback: Literal["fail", "warn"] = Field(
+        default="fail",
+        description="What the trainer does when NCCL chose TCP sockets instead of the fabric at "
+        "start-up: fail the run, or log a warning and go on.",
+    )
+
+
 class NetworkSpec(ApiModel):
     """NCCL settings for multi-GPU and multi-node communication."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    f"!has(self.fabric) || self.ncclProfile in {_FABRIC_LIST}",
+                    "network.fabric (RDMA devices, IPC_LOCK, the start-up check) is only valid with "
+                    "ncclProfile infiniband or efa",
+                    ".fabric",
+                ),
+            ]
+        }
+    )
 
     nccl_profile: Literal["auto", "nvlink", "infiniband", "efa", "ethernet"] = Field(
         default="auto",
@@ -560,6 +615,11 @@ class NetworkSpec(ApiModel):
         ge=60,
         le=86400,
         description="Timeout of a collective before the process group aborts (torch timeout_s).",
+    )
+    fabric: FabricSpec | None = Field(
+        default=None,
+        description="Fabric devices and start-up check of the infiniband and efa profiles; their "
+        "defaults apply when unset.",
     )
     env: Annotated[list[EnvVar], Field(max_length=64)] = Field(
         default_factory=list,
@@ -687,6 +747,12 @@ class LLMTrainingJobSpec(ApiModel):
                     "trainer.type huggingface with strategy.type fsdp needs GPUs; use strategy.type "
                     "ddp on CPU workers",
                     ".strategy.type",
+                ),
+                cel(
+                    f"!(self.network.ncclProfile in {_FABRIC_LIST}) || self.resources.gpusPerWorker > 0",
+                    "network.ncclProfile infiniband and efa need GPUs (resources.gpusPerWorker > 0): "
+                    "CPU jobs use gloo over TCP and never the fabric; use auto or ethernet",
+                    ".network.ncclProfile",
                 ),
                 cel(
                     "!has(self.podTemplate) || !has(self.podTemplate.volumeMounts) || "

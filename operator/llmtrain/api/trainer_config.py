@@ -12,7 +12,15 @@ from pathlib import PurePosixPath
 from pydantic import Field
 
 from llmtrain.api.base import ApiModel
-from llmtrain.api.spec import CheckpointSpec, DatasetSpec, MethodSpec, ModelSpec, StrategySpec, TrainingSpec
+from llmtrain.api.spec import (
+    CheckpointSpec,
+    DatasetSpec,
+    MethodSpec,
+    ModelSpec,
+    NetworkSpec,
+    StrategySpec,
+    TrainingSpec,
+)
 from llmtrain.api.trainer_spec import TrainerSpec
 from llmtrain.constants import EXPORT_DIR
 
@@ -69,6 +77,11 @@ class TrainerConfig(ApiModel):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     progress: ProgressSpec = Field(default_factory=ProgressSpec)
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
+    network: NetworkSpec = Field(
+        default_factory=NetworkSpec,
+        description="The job's NCCL settings: the workers check at start-up that NCCL found the "
+        "fabric of the infiniband and efa profiles.",
+    )
 
     @property
     def run_dir(self) -> PurePosixPath:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from llmtrain.api.spec import NetworkSpec
+from llmtrain.api.spec import FABRIC_PROFILES, NetworkSpec
+from llmtrain.render.fabric import NCCL_DEBUG_FILE
 
 # Interfaces NCCL must never bootstrap over inside a pod.
 _NOT_LOOPBACK = "^lo,docker0"
@@ -19,9 +20,11 @@ PROFILES: dict[str, dict[str, str]] = {
         "NCCL_IB_TIMEOUT": "22",
         "NCCL_IB_RETRY_CNT": "7",
     },
-    # AWS EFA through the aws-ofi-nccl plugin (libfabric).
+    # AWS EFA through the aws-ofi-nccl plugin (libfabric), which the image installs as
+    # libnccl-net-ofi.so: NCCL loads it only when asked to.
     "efa": {
         "NCCL_SOCKET_IFNAME": _NOT_LOOPBACK,
+        "NCCL_NET_PLUGIN": "ofi",
         "FI_PROVIDER": "efa",
         "FI_EFA_USE_DEVICE_RDMA": "1",
         "FI_EFA_FORK_SAFE": "1",
@@ -36,11 +39,26 @@ PROFILES: dict[str, dict[str, str]] = {
 }
 
 
+# NCCL_DEBUG levels, least verbose first.
+_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
+
+
+def _fabric_check_env(network: NetworkSpec) -> dict[str, str]:
+    """The trainer's start-up check reads which transport NCCL chose from NCCL's INFO lines of
+    the INIT and NET subsystems; NCCL writes them to one file per process, not to the job's log.
+    A level of INFO or above that the user chose is kept, with NCCL's own subsystem selection."""
+    if _DEBUG_LEVELS.index(network.nccl_debug) >= _DEBUG_LEVELS.index("INFO"):
+        return {"NCCL_DEBUG": network.nccl_debug, "NCCL_DEBUG_FILE": NCCL_DEBUG_FILE}
+    return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "NCCL_DEBUG_FILE": NCCL_DEBUG_FILE}
+
+
 def nccl_env(network: NetworkSpec, uses_gpu: bool) -> dict[str, str]:
     if not uses_gpu:
         return {}
     env = dict(PROFILES[network.nccl_profile])
     env["NCCL_DEBUG"] = network.nccl_debug
+    if network.nccl_profile in FABRIC_PROFILES:
+        env.update(_fabric_check_env(network))
     # Fail fast on a broken collective instead of hanging until the job deadline.
     env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
     env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] = str(network.collective_timeout_seconds)

@@ -1,7 +1,8 @@
 """The KubeRay RayJob: a head group (driver, dashboard, no GPU) and one GPU worker group.
 
 Every Ray pod mounts the shared storage at the same path (Ray Train's storage_path must be
-shared), a memory-backed /dev/shm, and runs under the restricted Pod Security profile.
+shared), a memory-backed /dev/shm, and runs under the restricted Pod Security profile, except the
+workers of the infiniband and efa profiles, which add IPC_LOCK (render/fabric.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from llmtrain.constants import (
     ROLE_LABEL,
     SUSPENDED_BY_USER_ANNOTATION,
 )
+from llmtrain.render.fabric import fabric_devices, worker_capabilities
 from llmtrain.render.labels import object_meta
 from llmtrain.render.names import configmap_name, rayjob_name, trainer_account_name
 from llmtrain.render.network import container_env
@@ -199,7 +201,11 @@ def _worker_group(job: LLMTrainingJob, images: ImageSettings) -> dict[str, Any]:
         tolerations.append(_gpu_toleration(job))
         if res.accelerator_type:
             node_selector[res.accelerator_label_key] = res.accelerator_type
+    limits.update(fabric_devices(job.spec))
     container = _container(job, images, "ray-worker", limits)
+    capabilities = worker_capabilities(job.spec, CONTAINER_SECURITY_CONTEXT["capabilities"])
+    if capabilities != CONTAINER_SECURITY_CONTEXT["capabilities"]:
+        container["securityContext"] = {**CONTAINER_SECURITY_CONTEXT, "capabilities": capabilities}
     return {
         "groupName": WORKER_GROUP,
         "replicas": res.workers,

@@ -73,6 +73,7 @@ def _build(
         checkpoint=spec.checkpoint,
         progress=progress,
         trainer=trainer,
+        network=spec.network,
     )
 
 

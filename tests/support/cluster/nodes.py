@@ -1,10 +1,10 @@
 """The fake nodes kwok manages, the Stages that move their pods, and the storage they provision.
 
 Two GPU nodes as a GPU cloud presents them (8 `nvidia.com/gpu`, the GPU product label, a
-`NoSchedule` taint on the GPU resource) and one CPU node. Stages are kwok's own (from its Go
-module), less `pod-complete`: a Job's pods (KubeRay's submitter) stay Running until a test
-says how they end (`pod_outcome_stage`). The volume provisioning stage is widened from kwok's one
-StorageClass to ours.
+`NoSchedule` taint on the GPU resource, the RDMA and EFA devices of their fabric) and one CPU
+node. Stages are kwok's own (from its Go module), less `pod-complete`: a Job's pods (KubeRay's
+submitter) stay Running until a test says how they end (`pod_outcome_stage`). The volume
+provisioning stage is widened from kwok's one StorageClass to ours.
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
 GPU_NODES = ("gpu-node-0", "gpu-node-1")
 CPU_NODES = ("cpu-node-0",)
 GPUS_PER_NODE = 8
+# The fabric devices a GPU node's device plugins advertise: the NVIDIA network operator's RDMA
+# shared device pool (its rdmaHcaMax) and the 32 EFA interfaces of a p5.48xlarge.
+FABRIC_DEVICES = {"rdma/rdma_shared_device_a": "1000", "vpc.amazonaws.com/efa": "32"}
 VOLUME_PROVISIONER = "kwok.x-k8s.io/volume"
 
 _STAGE_FILES = (
@@ -52,6 +55,7 @@ def _node(name: str, *, cpu: str, memory: str, gpus: int) -> dict[str, Any]:
     }
     if gpus:
         capacity["nvidia.com/gpu"] = str(gpus)
+        capacity.update(FABRIC_DEVICES)
         node["status"]["allocatable"] = dict(capacity)
         labels[GPU_PRODUCT_LABEL] = GPU_PRODUCT
         labels["nvidia.com/gpu.present"] = "true"
