@@ -407,13 +407,13 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
         "hf-args-override-output-dir",
         spec("trainer", {"type": "huggingface", "huggingface": {"args": {"output_dir": "/elsewhere"}}}),
         "trainer.huggingface.args",
-        True,
+        False,  # opaque to the API server's CEL: refused by validate and the operator
     ),
     (
         "hf-args-set-learning-rate",
         spec("trainer", {"type": "huggingface", "huggingface": {"args": {"learning_rate": 0.1}}}),
         "trainer.huggingface.args",
-        True,
+        False,  # opaque to the API server's CEL: refused by validate and the operator
     ),
     (
         "hf-block-with-builtin",

@@ -742,7 +742,8 @@ class LLMTrainingJobSpec(ApiModel):
                     ".strategy.deepspeed.offloadOptimizer",
                 ),
                 cel(
-                    "self.trainer.type != 'huggingface' || self.strategy.type != 'fsdp' || "
+                    "!has(self.trainer.type) || self.trainer.type != 'huggingface' || "
+                    "!has(self.strategy.type) || self.strategy.type != 'fsdp' || "
                     "self.resources.gpusPerWorker > 0",
                     "trainer.type huggingface with strategy.type fsdp needs GPUs; use strategy.type "
                     "ddp on CPU workers",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
 from llmtrain.api.base import ApiModel, cel
 
@@ -68,35 +68,31 @@ HF_PLATFORM_ARGS: tuple[str, ...] = (
 HF_RESERVED_ARGS: tuple[str, ...] = (*HF_DERIVED_ARGS, *HF_PLATFORM_ARGS)
 
 
-def _cel_list(values: tuple[str, ...]) -> str:
-    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
-
-
 class HuggingFaceTrainerSpec(ApiModel):
     """Options of the Hugging Face Trainer mode beyond what the spec already sets."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    f"!has(self.args) || self.args.all(k, !(k in {_cel_list(HF_RESERVED_ARGS)}))",
-                    "trainer.huggingface.args cannot set TrainingArguments the platform owns: "
-                    "hyperparameters, precision, strategy, logging/eval/save steps come from the spec "
-                    "(training, strategy, checkpoint), and output_dir, save_*, resume, hub, device and "
-                    "process-group settings keep checkpoints, resume and Ray's workers working",
-                    ".args",
-                ),
-            ]
-        }
-    )
-
+    # Free-form values (numbers, booleans, strings, lists), so the map is opaque to the API server's
+    # CEL (it cannot type it): the platform's arguments are refused by `llmtrain validate` and by
+    # the operator before anything is created, as for the inline model config.
     args: Annotated[dict[str, Any], Field(max_length=64)] | None = Field(
         default=None,
         description="Extra transformers.TrainingArguments (snake_case names, e.g. optim, adam_beta2, "
         "dataloader_num_workers), checked against the installed transformers before workers start. "
         "Arguments the spec derives or the platform needs are refused.",
-        json_schema_extra={"additionalProperties": {"x-kubernetes-preserve-unknown-fields": True}},
     )
+
+    @field_validator("args")
+    @classmethod
+    def _not_the_platforms(cls, args: dict[str, Any] | None) -> dict[str, Any] | None:
+        owned = sorted(set(args or {}) & set(HF_RESERVED_ARGS))
+        if owned:
+            raise ValueError(
+                f"trainer.huggingface.args cannot set {', '.join(owned)}: TrainingArguments the "
+                "platform owns (hyperparameters, precision, strategy, logging/eval/save steps come "
+                "from the spec: training, strategy, checkpoint; output_dir, save_*, resume, hub, "
+                "device and process-group settings keep checkpoints, resume and Ray's workers working)"
+            )
+        return args
 
 
 class CustomTrainerSpec(ApiModel):
@@ -129,7 +125,8 @@ class TrainerSpec(ApiModel):
                     "or change the type",
                 ),
                 cel(
-                    "has(self.custom) == (self.type == 'custom')",
+                    # has(): the API server also checks this rule on the field's default, {}.
+                    "has(self.custom) == (has(self.type) && self.type == 'custom')",
                     "trainer.custom (the function to call) is required with trainer.type: custom "
                     "and only valid with it",
                 ),
