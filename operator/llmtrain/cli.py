@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from llmtrain import plain_yaml
+from llmtrain import memory, plain_yaml
 from llmtrain.api.crd import crd_yaml
 from llmtrain.api.validation import InvalidJob, Problem, parse_job
 from llmtrain.constants import LOCAL_RUNS_DIR, OPERATOR_NAME
@@ -82,10 +82,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
             failed = True
         for doc in docs:
             try:
-                parse_job(doc)
+                job = parse_job(doc)
             except InvalidJob as exc:
                 _print_problems(path, exc.problems)
                 failed = True
+                continue
+            for finding in memory.check(memory.Plan.of_job(job.spec)):
+                kind = "error" if finding.error else "warning"
+                print(f"{path}: {job.metadata.name}: memory {kind}: {finding.message}", file=sys.stderr)
+                failed = failed or finding.error
     if not failed:
         print(f"{len(args.files)} file(s) valid")
     return 1 if failed else 0

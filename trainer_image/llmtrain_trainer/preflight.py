@@ -7,10 +7,12 @@ the model's config.json is decided here.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 import torch
+from llmtrain import memory
 from llmtrain.api.spec import LoraSpec
 from llmtrain.api.trainer_config import TrainerConfig
 from transformers import PretrainedConfig
@@ -23,6 +25,8 @@ from llmtrain_trainer.resume_from import ResumeFromError, check_compatible
 from llmtrain_trainer.resume_from import resolve as resolve_resume_source
 from llmtrain_trainer.rundir import latest_checkpoint
 from llmtrain_trainer.tokenizer import load_tokenizer
+
+log = logging.getLogger(__name__)
 
 
 class PreflightError(ValueError):
@@ -38,6 +42,7 @@ def check(config: TrainerConfig) -> None:
         models.check_causal_lm(hf_config)
         _check_tokenizer(config, int(getattr(hf_config, "vocab_size", 0) or 0))
         _check_lora_targets(config, hf_config)
+        _check_memory(config, hf_config)
         _check_storage(Path(config.storage_path))
         _check_resume_from(config)
         _check_trainer(config)
@@ -93,6 +98,22 @@ def _check_lora_targets(config: TrainerConfig, hf_config: PretrainedConfig) -> N
             f"method.lora.targetModules {unknown} name no module of {hf_config.model_type} "
             f"(it has e.g. {sorted(n for n in leaf_names if n.endswith('proj'))[:8]})"
         )
+
+
+def _check_memory(config: TrainerConfig, hf_config: PretrainedConfig) -> None:
+    """Refuse a plan whose states cannot fit one device, before any worker allocates memory; the
+    parameters are counted on a meta-device build, so any architecture is counted exactly."""
+    plan = memory.Plan.of_trainer(config)
+    skeleton = models.build_from_config(hf_config, torch.float32, meta=True, seed=0)
+    counted = models.count_parameters(skeleton)[0]
+    estimate = memory.estimate(plan, hf_config.to_dict(), counted)
+    if estimate is not None and estimate.peak is not None:
+        peak = memory.human_bytes(estimate.peak)
+        log.info("memory estimate per device: %s (%s)", peak, estimate.breakdown())
+    for finding in memory.check(plan, hf_config.to_dict(), counted):
+        if finding.error:
+            raise PreflightError(f"spec: {finding.message}")
+        log.warning("spec: memory: %s", finding.message)
 
 
 def _check_storage(storage: Path) -> None:

@@ -38,6 +38,13 @@ class ScalingSpec(ApiModel):
     num_workers: int = Field(ge=1, description="Training processes (one per GPU, or per CPU worker).")
     use_gpu: bool = False
     cpus_per_worker: float = Field(default=1.0, gt=0)
+    devices_per_worker: int = Field(default=1, ge=1, description="Training processes per worker pod.")
+    device_memory_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description="One device's memory (the GPU's, or a CPU worker pod's limit) for the memory "
+        "estimate in preflight; unknown when None.",
+    )
 
 
 class ProgressSpec(ApiModel):

@@ -12,6 +12,7 @@ from pathlib import Path, PurePosixPath
 
 from llmtrain.api.job import LLMTrainingJob
 from llmtrain.api.trainer_config import JobRef, ProgressSpec, ResumeSource, ScalingSpec, TrainerConfig
+from llmtrain.memory import device_memory_bytes
 from llmtrain.quantity import cpu_cores
 
 # The run id of a job rendered without a uid (`llmtrain render` of a file never stored by the API).
@@ -85,6 +86,8 @@ def cluster_trainer_config(job: LLMTrainingJob, progress_interval_seconds: float
         num_workers=res.workers * max(gpus, 1),
         use_gpu=gpus > 0,
         cpus_per_worker=max(cpu_cores(res.cpu) / max(gpus, 1), 0.5),
+        devices_per_worker=max(gpus, 1),
+        device_memory_bytes=device_memory_bytes(res),
     )
     return _build(
         job,

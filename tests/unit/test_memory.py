@@ -1,0 +1,203 @@
+"""The memory estimate behind `llmtrain validate` and the trainer's preflight (no accelerator)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from llmtrain import cli, memory
+from llmtrain.api.spec import LLMTrainingJobSpec, ResourcesSpec
+from llmtrain.api.validation import parse_job
+
+REPO = Path(__file__).resolve().parents[2]
+GIB = 2**30
+# Meta-Llama-3-8B's and -70B's config.json (the sizes that matter).
+LLAMA3_8B = {
+    "model_type": "llama",
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+}
+LLAMA3_70B = {
+    **LLAMA3_8B,
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+}
+
+
+def example(name: str) -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load((REPO / "examples" / name).read_text())
+    return document
+
+
+def plan_of(document: dict[str, Any]) -> memory.Plan:
+    return memory.Plan.of_job(parse_job(document).spec)
+
+
+def seventy_b_full_ddp() -> dict[str, Any]:
+    """The issue's case: a 70B full fine-tune with DDP on one worker of 8 x 80 GB."""
+    document = example("llama3-70b-zero3-lora.yaml")
+    document["spec"]["method"] = {"type": "full"}
+    document["spec"]["strategy"] = {"type": "ddp"}
+    document["spec"]["resources"]["workers"] = 1
+    return document
+
+
+def test_published_parameter_counts_follow_from_the_config() -> None:
+    """Meta publishes 8.03B and 70.55B for Llama 3; the count is exact arithmetic, not a guess."""
+    assert memory.Shape.from_config(LLAMA3_8B) is not None
+    assert memory.Shape.from_config(LLAMA3_8B).parameters() == 8_030_261_248  # type: ignore[union-attr]
+    assert memory.Shape.from_config(LLAMA3_70B).parameters() == 70_553_706_496  # type: ignore[union-attr]
+    assert memory.Shape.from_config({"model_type": "llama", "hidden_size": 64}) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "parameters"),
+    [
+        ("meta-llama/Meta-Llama-3-70B", 70 * 10**9),
+        ("meta-llama/Llama-3.1-8B-Instruct", 8 * 10**9),
+        ("Qwen/Qwen2.5-0.5B", 5 * 10**8),
+        ("mistralai/Mixtral-8x7B-v0.1", 56 * 10**9),
+        ("HuggingFaceTB/SmolLM2-135M", 135 * 10**6),
+        ("gpt2", None),
+        ("/mnt/shared/models/my-model", None),
+    ],
+)
+def test_a_hub_model_is_sized_by_its_name(name: str, parameters: int | None) -> None:
+    assert memory.parameters_from_name(name) == parameters
+
+
+@pytest.mark.parametrize(
+    ("resources", "gib"),
+    [
+        ({"gpusPerWorker": 8, "acceleratorType": "NVIDIA-H100-80GB-HBM3"}, 80),
+        ({"gpusPerWorker": 8, "acceleratorType": "NVIDIA-A100-SXM4-40GB"}, 40),
+        ({"gpusPerWorker": 8, "acceleratorType": "NVIDIA-H200"}, 141),
+        ({"gpusPerWorker": 1, "acceleratorType": "NVIDIA-L4"}, 24),
+        ({"gpusPerWorker": 1, "gpuResourceName": "nvidia.com/mig-1g.10gb"}, 10),
+        ({"gpusPerWorker": 0, "memory": "6Gi", "sharedMemory": "1Gi"}, 6),
+        ({"gpusPerWorker": 8}, None),
+        ({"gpusPerWorker": 8, "acceleratorType": "some-accelerator"}, None),
+    ],
+)
+def test_device_memory_comes_from_the_accelerator_label(resources: dict[str, Any], gib: int | None) -> None:
+    spec = ResourcesSpec.model_validate(resources, by_alias=True)
+    assert memory.device_memory_bytes(spec) == (gib * GIB if gib else None)
+
+
+def test_states_follow_the_strategy_that_holds_them() -> None:
+    """16 bytes per trained parameter (fp32 weights, gradients, two moments), sharded per strategy."""
+    document = example("llama3-8b-fsdp.yaml")
+    document["spec"]["model"] = {"config": LLAMA3_8B, "tokenizer": "byte-level"}
+    n, devices = 8_030_261_248, 8
+    fsdp = memory.estimate(plan_of(document))
+    assert fsdp is not None and (fsdp.params, fsdp.grads, fsdp.optimizer) == (
+        4 * n // devices,
+        4 * n // devices,
+        8 * n // devices,
+    )
+    document["spec"]["strategy"] = {"type": "ddp"}
+    ddp = memory.estimate(plan_of(document))
+    assert ddp is not None and ddp.states == 16 * n and ddp.working_set == 0
+    document["spec"]["strategy"] = {"type": "deepspeed", "deepspeed": {"zeroStage": 2}}
+    zero2 = memory.estimate(plan_of(document))
+    # bf16 weights whole, bf16 gradients and the fp32 master + moments sharded.
+    assert zero2 is not None and (zero2.params, zero2.grads, zero2.optimizer) == (
+        2 * n,
+        2 * n // 8,
+        12 * n // 8,
+    )
+    document["spec"]["method"] = {"type": "lora", "lora": {"rank": 16, "targetModules": ["q_proj", "v_proj"]}}
+    lora = memory.estimate(plan_of(document))
+    # r x (in + out) per targeted projection per block: q 4096->4096, v 4096->1024.
+    trained = 32 * 16 * ((4096 + 4096) + (4096 + 1024))
+    assert lora is not None and lora.trainable_parameters == trained
+    assert lora.optimizer == 12 * trained // 8
+
+
+def test_the_shipped_examples_fit() -> None:
+    for name in ("llama3-8b-fsdp.yaml", "llama3-70b-zero3-lora.yaml", "tiny-cpu.yaml", "tiny-cpu-hf.yaml"):
+        assert memory.check(plan_of(example(name))) == [], name
+
+
+def test_70b_full_with_ddp_cannot_fit_and_says_what_would() -> None:
+    findings = memory.check(plan_of(seventy_b_full_ddp()))
+    assert len(findings) == 1 and findings[0].error
+    message = findings[0].message
+    assert message.startswith("cannot fit: parameters, gradients and optimizer states alone need 1043.1 GiB")
+    assert (
+        "per GPU of 80.0 GiB" in message
+        and "from the size in the name 'meta-llama/Meta-Llama-3-70B'" in message
+    )
+    assert "activations not counted" in message
+    assert "To fit: use strategy.type: fsdp and train LoRA adapters (method.type: lora)" in message
+
+
+def test_a_fix_it_names_does_fit() -> None:
+    """The suggested worker count is the smallest that fits: one fewer does not."""
+    document = example("llama3-8b-fsdp.yaml")
+    document["spec"]["model"] = {"config": LLAMA3_70B, "tokenizer": "byte-level"}
+    findings = memory.check(plan_of(document))
+    assert len(findings) == 1 and findings[0].error, findings
+    assert "raise resources.workers to 3" in findings[0].message
+    for workers, fits in ((2, False), (3, True)):
+        changed = copy.deepcopy(document)
+        changed["spec"]["resources"]["workers"] = workers
+        assert (memory.check(plan_of(changed)) == []) is fits, workers
+
+
+def test_activations_that_do_not_fit_are_a_warning_naming_checkpointing() -> None:
+    document = example("llama3-8b-fsdp.yaml")
+    document["spec"]["model"] = {"config": LLAMA3_8B, "tokenizer": "byte-level"}
+    document["spec"]["training"].update(gradientCheckpointing=False, microBatchSize=4)
+    findings = memory.check(plan_of(document))
+    assert len(findings) == 1 and not findings[0].error
+    assert findings[0].message.startswith("probably does not fit: estimated peak")
+    assert "set training.gradientCheckpointing: true" in findings[0].message
+
+
+def test_validate_fails_on_a_spec_that_cannot_fit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(seventy_b_full_ddp()))
+    assert cli.main(["validate", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"{path}: llama3-70b-zero3-lora: memory error: cannot fit" in err
+
+
+def test_validate_warns_but_passes_on_a_spec_that_probably_does_not_fit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    document = example("llama3-8b-fsdp.yaml")
+    document["spec"]["model"] = {"config": LLAMA3_8B, "tokenizer": "byte-level"}
+    document["spec"]["training"].update(gradientCheckpointing=False, microBatchSize=4)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(document))
+    assert cli.main(["validate", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert "memory warning: probably does not fit" in err and "1 file(s) valid" in out
+
+
+def test_the_rendered_trainer_config_carries_the_device_memory() -> None:
+    from llmtrain.render.trainer_config import cluster_trainer_config
+
+    job = parse_job(
+        {**example("llama3-8b-fsdp.yaml"), "metadata": {"name": "j", "namespace": "n", "uid": "u"}}
+    )
+    scaling = cluster_trainer_config(job).scaling
+    assert (scaling.num_workers, scaling.devices_per_worker, scaling.device_memory_bytes) == (8, 8, 80 * GIB)
+    plan = memory.Plan.of_trainer(cluster_trainer_config(job))
+    assert plan == memory.Plan.of_job(job.spec)
+
+
+def test_plan_of_a_spec_is_total_over_resources() -> None:
+    spec = LLMTrainingJobSpec.model_validate(example("tiny-cpu.yaml")["spec"], by_alias=True)
+    plan = memory.Plan.of_job(spec)
+    assert plan.devices == spec.resources.workers and not plan.on_gpu
