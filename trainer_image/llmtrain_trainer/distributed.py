@@ -35,12 +35,30 @@ class WorkerEnv:
 
 @contextmanager
 def rank_zero_first(env: WorkerEnv) -> Iterator[None]:
-    """Rank 0 runs the block first (filling caches on the shared storage), then the others."""
+    """Rank 0 runs the block first (filling caches on the shared storage), then the others.
+
+    The block is a first download or tokenisation, which can take longer than any sensible
+    collective timeout, so the others wait in a barrier that has none (`wait_for_all_ranks`)."""
     if not env.is_main:
-        dist.barrier()
+        wait_for_all_ranks()
     yield
     if env.is_main:
+        wait_for_all_ranks()
+
+
+def wait_for_all_ranks() -> None:
+    """A barrier outside the process group: inside Ray Train, its synchronisation actor's (no
+    timeout; it logs every minute which ranks it still waits for, and a rank that dies fails the
+    worker group); elsewhere (a bare process group) torch's."""
+    import ray.train
+    from ray.train.collective import barrier
+
+    try:
+        ray.train.get_context()
+    except RuntimeError:  # not a Ray Train worker
         dist.barrier()
+        return
+    barrier()
 
 
 def scalar(value: torch.Tensor | float) -> float:
