@@ -27,6 +27,7 @@ from typing import Any
 
 from llmtrain.api.spec import (
     DeepSpeedSpec,
+    FsdpSpec,
     LLMTrainingJobSpec,
     LoraSpec,
     MethodSpec,
@@ -312,9 +313,10 @@ def estimate(
     else:
         params, grads, optimizer = 4 * (trainable + frozen), 4 * trainable, 8 * trainable
         if strategy.type == "fsdp":
-            offload = strategy.fsdp is not None and strategy.fsdp.cpu_offload
+            fsdp = strategy.fsdp or FsdpSpec()
+            shards = min(fsdp.hybrid_shard_size or devices, devices)  # HSDP shards within a group
             params, grads, optimizer = (
-                (0, 0, 0) if offload else (params // devices, grads // devices, optimizer // devices)
+                (0, 0, 0) if fsdp.cpu_offload else (params // shards, grads // shards, optimizer // shards)
             )
             # The block being computed and the next one (prefetch), gathered in the compute dtype.
             working_set = 2 * compute * shape.block_parameters() if shape else 0

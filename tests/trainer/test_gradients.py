@@ -74,11 +74,21 @@ def one_step_gradients(loop_config: dict[str, Any]) -> None:
                 "max_abs_ref": float(want.abs().max()),
                 "ratio": float(grad.norm() / want.norm()),
             }
-        Path(loop_config["report_path"]).write_text(json.dumps(report))
+        mesh = next(strategy.model.parameters()).device_mesh  # type: ignore[attr-defined]
+        Path(loop_config["report_path"]).write_text(json.dumps({"mesh": list(mesh.shape), "grads": report}))
 
 
-def test_fsdp_gradients_match_single_process(ray_address: str, storage: Path) -> None:
-    config = tiny_config(storage, "grads")
+@pytest.mark.parametrize(
+    ("workers", "fsdp"),
+    [(2, {}), (4, {"hybridShardSize": 2})],
+    ids=["fsdp-2", "hsdp-2x2"],
+)
+def test_fsdp_gradients_match_single_process(
+    ray_address: str, storage: Path, workers: int, fsdp: dict[str, Any]
+) -> None:
+    """HSDP (2 replicas of 2 shards) must average over all 4 ranks: shards reduce-scatter, then
+    the replicas all-reduce."""
+    config = tiny_config(storage, "grads", scaling={"numWorkers": workers}, strategy={"fsdp": fsdp})
     report_path = storage / "gradients.json"
     trainer = TorchTrainer(
         one_step_gradients,
@@ -86,11 +96,15 @@ def test_fsdp_gradients_match_single_process(ray_address: str, storage: Path) ->
             "trainer_config": config.model_dump(mode="json", by_alias=True),
             "report_path": str(report_path),
         },
-        scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
+        scaling_config=ScalingConfig(
+            num_workers=workers, use_gpu=False, resources_per_worker={"CPU": 2 / workers}
+        ),
         run_config=RunConfig(name="grads", storage_path=str(storage)),
     )
     trainer.fit()
-    report = json.loads(report_path.read_text())
+    written = json.loads(report_path.read_text())
+    assert written["mesh"] == ([workers // 2, 2] if fsdp else [workers])
+    report = written["grads"]
     assert len(report) == 20  # 2 blocks × 9 tensors, the final norm and the (tied) embedding
     for name, stats in report.items():
         # Summed-instead-of-averaged gradients would show up as ratio 2.0.

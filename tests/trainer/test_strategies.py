@@ -32,6 +32,12 @@ CASES: dict[str, dict[str, Any]] = {
         "training": {"gradientCheckpointing": True},
     },
     "ddp": {"strategy": {"type": "ddp"}, "dataset": {"validationSplit": 0.1}},
+    # HSDP: 2 replicas of 2 shards on 4 workers, micro-batch 4: the same 16 sequences per step.
+    "hsdp": {
+        "strategy": {"type": "fsdp", "fsdp": {"hybridShardSize": 2}},
+        "scaling": {"numWorkers": 4, "cpusPerWorker": 0.5},
+        "training": {"microBatchSize": 4},
+    },
 }
 
 
@@ -87,12 +93,14 @@ def test_export_loads_and_generates(trained: TrainerConfig) -> None:
     assert float(loss) < 4.5
 
 
-def test_strategies_and_accumulation_agree(train_case: Callable[[str], TrainerConfig]) -> None:
-    """FSDP2 with micro-batch 8 and ZeRO-2 with 4 × 2 accumulated see the same 16 sequences per step
-    (the global order is cut the same way), so their steps must agree up to float rounding."""
-    fsdp, zero2 = train_case("fsdp"), train_case("zero2")
+@pytest.mark.parametrize("other", ["zero2", "hsdp"])
+def test_strategies_and_accumulation_agree(train_case: Callable[[str], TrainerConfig], other: str) -> None:
+    """FSDP2 with micro-batch 8, ZeRO-2 with 4 × 2 accumulated and HSDP on 4 workers with
+    micro-batch 4 see the same 16 sequences per step (the global order is cut the same way), so
+    their steps (loss and the clipped gradient norm) must agree up to float rounding."""
+    fsdp, compared = train_case("fsdp"), train_case(other)
     first = {r.step: r for r in records(fsdp) if r.event == "step"}
-    second = {r.step: r for r in records(zero2) if r.event == "step"}
+    second = {r.step: r for r in records(compared) if r.event == "step"}
     for step in range(1, 6):
         assert second[step].loss == pytest.approx(first[step].loss, rel=1e-5), step
         assert second[step].grad_norm == pytest.approx(first[step].grad_norm, rel=1e-4), step

@@ -175,6 +175,16 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
         True,
     ),
     (
+        "hybrid-shard-size-not-dividing-the-processes",
+        with_path(
+            spec("strategy", {"type": "fsdp", "fsdp": {"hybridShardSize": 3}}),
+            "spec.resources",
+            {"workers": 2, "gpusPerWorker": 4},
+        ),
+        "strategy.fsdp.hybridShardSize",
+        True,
+    ),
+    (
         "offload-optimizer-on-cpu",
         with_path(
             spec("strategy", {"type": "deepspeed", "deepspeed": {"offloadOptimizer": True}}),

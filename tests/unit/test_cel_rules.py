@@ -69,6 +69,21 @@ CASES: dict[str, list[tuple[Any, Any, Any]]] = {
             None,
         ),
     ],
+    "!has(self.strategy.fsdp) || !has(self.strategy.fsdp.hybridShardSize) || "
+    "(self.resources.gpusPerWorker > 0 ? self.resources.workers * "
+    "self.resources.gpusPerWorker : self.resources.workers) % "
+    "self.strategy.fsdp.hybridShardSize == 0": [
+        (
+            {"strategy": {"fsdp": {"hybridShardSize": 8}}, "resources": {"workers": 2, "gpusPerWorker": 8}},
+            {"strategy": {"fsdp": {"hybridShardSize": 3}}, "resources": {"workers": 2, "gpusPerWorker": 8}},
+            None,
+        ),
+        (
+            {"strategy": {"fsdp": {"hybridShardSize": 2}}, "resources": {"workers": 4, "gpusPerWorker": 0}},
+            {"strategy": {"fsdp": {"hybridShardSize": 3}}, "resources": {"workers": 4, "gpusPerWorker": 0}},
+            None,
+        ),
+    ],
     "!has(self.trainer.type) || self.trainer.type != 'huggingface' || "
     "!has(self.strategy.type) || self.strategy.type != 'fsdp' || "
     "self.resources.gpusPerWorker > 0": [

@@ -104,6 +104,11 @@ def test_states_follow_the_strategy_that_holds_them() -> None:
         4 * n // devices,
         8 * n // devices,
     )
+    document["spec"]["resources"]["workers"] = 2
+    document["spec"]["strategy"] = {"type": "fsdp", "fsdp": {"hybridShardSize": 8}}
+    hsdp = memory.estimate(plan_of(document))  # 16 GPUs, but each shard group holds it all
+    assert hsdp is not None and hsdp.states == fsdp.states
+    document["spec"]["resources"]["workers"] = 1
     document["spec"]["strategy"] = {"type": "ddp"}
     ddp = memory.estimate(plan_of(document))
     assert ddp is not None and ddp.states == 16 * n and ddp.working_set == 0

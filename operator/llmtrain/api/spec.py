@@ -222,6 +222,16 @@ class FsdpSpec(ApiModel):
     cpu_offload: bool = Field(
         default=False, description="Keep parameters, gradients and optimizer state in host memory."
     )
+    hybrid_shard_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=65536,
+        description="HSDP: shard each parameter within groups of this many training processes and "
+        "replicate it across the groups. Set it to resources.gpusPerWorker on a slow inter-node "
+        "fabric: all-gathers and reduce-scatters then stay on a node's NVLink and only one all-reduce "
+        "of each shard per step crosses nodes, at the cost of one shard per group instead of per "
+        "process. Must divide the training processes (workers x gpusPerWorker; workers on CPU).",
+    )
 
 
 class DeepSpeedSpec(ApiModel):
@@ -748,6 +758,16 @@ class LLMTrainingJobSpec(ApiModel):
                     "trainer.type huggingface with strategy.type fsdp needs GPUs; use strategy.type "
                     "ddp on CPU workers",
                     ".strategy.type",
+                ),
+                cel(
+                    "!has(self.strategy.fsdp) || !has(self.strategy.fsdp.hybridShardSize) || "
+                    "(self.resources.gpusPerWorker > 0 ? self.resources.workers * "
+                    "self.resources.gpusPerWorker : self.resources.workers) % "
+                    "self.strategy.fsdp.hybridShardSize == 0",
+                    "strategy.fsdp.hybridShardSize must divide the training processes (resources.workers "
+                    "x resources.gpusPerWorker, or resources.workers on CPU): set it to "
+                    "resources.gpusPerWorker to shard within each node",
+                    ".strategy.fsdp.hybridShardSize",
                 ),
                 cel(
                     f"!(self.network.ncclProfile in {_FABRIC_LIST}) || self.resources.gpusPerWorker > 0",

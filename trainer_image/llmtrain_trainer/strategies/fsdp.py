@@ -20,7 +20,7 @@ from torch import nn
 from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
     FSDPModule,
@@ -146,13 +146,13 @@ class FsdpStrategy(TorchNativeStrategy):
 
 
 def shard(model: nn.Module, env: WorkerEnv, spec: FsdpSpec, dtype: torch.dtype) -> list[FSDPModule]:
-    """`fully_shard` every transformer block, then the root, on an explicit 1-D device mesh.
+    """`fully_shard` every transformer block, then the root, on an explicit device mesh.
 
     The mesh is built for the worker's own device type: FSDP2's default mesh picks CUDA whenever it
     is visible, which crashes a gloo (CPU) process group. On gloo, reductions are forced to SUM then
     divided, because gloo's AVG gives wrong gradients (pytorch#162338).
     """
-    mesh = init_device_mesh(env.device.type, (env.world_size,))
+    mesh = device_mesh(env, spec)
     mixed = (
         MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         if dtype != torch.float32
@@ -177,6 +177,22 @@ def shard(model: nn.Module, env: WorkerEnv, spec: FsdpSpec, dtype: torch.dtype) 
         for module in sharded:
             module.set_force_sum_reduction_for_comms(True)
     return sharded
+
+
+def device_mesh(env: WorkerEnv, spec: FsdpSpec) -> DeviceMesh:
+    """1-D (shard over every process), or 2-D for HSDP: ranks [g*size, (g+1)*size) form shard
+    group g, so with size = GPUs per node the shard groups are the nodes (Ray Train numbers ranks
+    node by node) and the replicate dimension crosses them."""
+    size = spec.hybrid_shard_size
+    if size is None or size == env.world_size:
+        return init_device_mesh(env.device.type, (env.world_size,))
+    if env.world_size % size:
+        raise ValueError(
+            f"strategy.fsdp.hybridShardSize {size} does not divide the {env.world_size} training processes"
+        )
+    return init_device_mesh(
+        env.device.type, (env.world_size // size, size), mesh_dim_names=("replicate", "shard")
+    )
 
 
 def parameter_device(cpu_offload: bool, device: torch.device) -> torch.device:
