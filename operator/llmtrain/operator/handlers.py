@@ -32,6 +32,7 @@ from llmtrain.operator import workload
 from llmtrain.operator.children import (
     ChildBeingReplaced,
     OwnershipConflict,
+    child_key,
     ensure_all,
     sync_if_present,
 )
@@ -225,6 +226,11 @@ def _reconcile(
             delay = 0.2 if err.status == 409 else err.retry_after or 2
             raise kopf.TemporaryError(f"first status write: {err}", delay=delay) from err
         return
+    if child_key(result.rayjob) in result.created:
+        # Named in the status, yet created now: it was deleted while no handler was watching (the
+        # operator down, a missed event). Said on purpose, as when the deletion is seen.
+        _report_recreated(kube, dict(body), result.rayjob, logger)
+        return
     write_status(
         kube, body, {"observedGeneration": generation, "rayJobName": rayjob_name, "conditions": conditions}
     )
@@ -337,15 +343,20 @@ def _rayjob_gone(
     except InvalidJob:
         return
     result = ensure_all(kube, render(parsed, config.images))
-    name = result.rayjob["metadata"]["name"]
+    _report_recreated(kube, job, result.rayjob, logger)
+
+
+def _report_recreated(kube: Kube, job: dict[str, Any], rayjob: dict[str, Any], logger: Any) -> None:
+    """A Warning that an unfinished job's RayJob was created again, and its status from the new one."""
+    status = job.get("status") or {}
     message = (
-        f"RayJob {name} was deleted while the job was {status.get('phase')}; created it again: "
-        "training resumes from the latest checkpoint"
+        f"RayJob {rayjob['metadata']['name']} was deleted while the job was {status.get('phase')}; "
+        "created it again: training resumes from the latest checkpoint"
     )
     logger.warning(message)
     announce(kube, job, Announcement("Warning", "RayJobRecreated", message))
-    update, _ = status_map.derive(result.rayjob, status, job["metadata"].get("generation"), now())
-    write_status(kube, job, update)
+    update, _ = status_map.derive(rayjob, status, job["metadata"].get("generation"), now())
+    write_status(kube, job, {**update, "observedGeneration": job["metadata"].get("generation")})
 
 
 def mirror_rayjob(
