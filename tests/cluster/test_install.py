@@ -257,9 +257,10 @@ def test_a_namespace_scoped_install_runs_a_job_on_roles_alone(
     other_namespace: str,
     tmp_path: Path,
 ) -> None:
-    """watchNamespaces=[ns]: the release's ServiceAccount gets Roles in ns only, and the operator run
-    as it (with its Deployment's flags, leader election included) takes a job to its RayJob with no
-    RBAC refusal, while it may do nothing in another namespace or across namespaces."""
+    """watchNamespaces=[ns]: a second release in the platform namespace whose ServiceAccount gets
+    Roles in ns only (and its leader-election Lease at home). The operator run as it, with its
+    Deployment's flags, takes a job to its RayJob with no RBAC refusal in the API server's audit
+    log, and may do nothing in another namespace or across namespaces."""
     release = "scoped"
     helm(
         cluster,
@@ -267,7 +268,7 @@ def test_a_namespace_scoped_install_runs_a_job_on_roles_alone(
         release,
         str(CHART),
         "-n",
-        namespace,
+        platform,
         "--skip-crds",
         "--set",
         f"watchNamespaces={{{namespace}}}",
@@ -279,25 +280,25 @@ def test_a_namespace_scoped_install_runs_a_job_on_roles_alone(
     try:
         manifest = [
             o
-            for o in yaml.safe_load_all(helm(cluster, "get", "manifest", release, "-n", namespace).stdout)
+            for o in yaml.safe_load_all(helm(cluster, "get", "manifest", release, "-n", platform).stdout)
             if o
         ]
-        assert not [o["kind"] for o in manifest if o["kind"] in ("ClusterRole", "ClusterRoleBinding")], (
-            manifest
-        )
+        kinds = {o["kind"] for o in manifest}
+        assert not kinds & {"ClusterRole", "ClusterRoleBinding"}, kinds
         (account,) = [o["metadata"]["name"] for o in manifest if o["kind"] == "ServiceAccount"]
-        user = f"system:serviceaccount:{namespace}:{account}"
+        user = f"system:serviceaccount:{platform}:{account}"
         for verb, resource, where, allowed in (
             ("create", "rayjobs.ray.io", ["-n", namespace], "yes"),
-            ("patch", "llmtrainingjobs.llmtrain.dev/status", ["-n", namespace], "yes"),
+            ("patch", "llmtrainingjobs.llmtrain.dev", ["-n", namespace, "--subresource=status"], "yes"),
             ("create", "rayjobs.ray.io", ["-n", other_namespace], "no"),
+            ("patch", "configmaps", ["-n", other_namespace], "no"),
             ("list", "llmtrainingjobs.llmtrain.dev", ["--all-namespaces"], "no"),
             ("create", "roles.rbac.authorization.k8s.io", ["-n", other_namespace], "no"),
         ):
             can = cluster.kubectl("auth", "can-i", verb, resource, *where, f"--as={user}", check=False)
             assert can.stdout.strip() == allowed, (verb, resource, where, can.stdout, can.stderr)
 
-        deployment = get(cluster, "deployment", f"{release}-llmtrain-operator", namespace)
+        deployment = get(cluster, "deployment", f"{release}-llmtrain-operator", platform)
         assert deployment is not None
         since = audit.size(cluster.audit_log)
         scoped = start_operator(
@@ -305,7 +306,7 @@ def test_a_namespace_scoped_install_runs_a_job_on_roles_alone(
             tmp_path,
             "scoped",
             args=_deployment_args(deployment),
-            service_account=(account, namespace),
+            service_account=(account, platform),
         )
         apply_doc(cluster, cpu_job("scoped", namespace))
         apply_doc(cluster, cpu_job("elsewhere", other_namespace, suspend=True))
@@ -319,10 +320,12 @@ def test_a_namespace_scoped_install_runs_a_job_on_roles_alone(
         assert made, "no calls of the scoped operator in the audit log"
         refused = [c for c in made if not c.authorized]
         assert not refused, refused[:10]
-        assert {c.namespace for c in made} == {namespace}, sorted({c.namespace for c in made})
+        # Nothing cluster-wide (namespace ""), nothing in another namespace; at home only its Lease.
+        assert {c.namespace for c in made} == {namespace, platform}, sorted({c.namespace for c in made})
+        assert {c.resource for c in made if c.namespace == platform} == {"leases"}, made
     finally:
         if scoped is not None:
             scoped.stop()
             assert_no_rbac_refusals(scoped)
-        helm(cluster, "uninstall", release, "-n", namespace, "--wait", check=False)
+        helm(cluster, "uninstall", release, "-n", platform, "--wait", check=False)
         operator.start()
