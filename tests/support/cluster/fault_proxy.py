@@ -3,7 +3,8 @@
 The real kube-apiserver cannot be told to fail the next RayJob create, so a client (the operator) is
 pointed at this proxy instead. Every request is forwarded as is, watch streams and chunked lists
 included, unless a rule matches it: then the proxy answers with a Kubernetes `Status` (500, 429 with
-Retry-After, 409, 403...) without forwarding, or forwards it late (`faults.py` has the rules).
+Retry-After, 409, 403...) or a load balancer's HTML page without forwarding, drops the connection
+(TCP RST), or forwards it late (`faults.py` has the rules).
 
 The client's bearer token is passed through, so RBAC still judges the client's own identity; a client
 authenticating by certificate cannot be proxied (TLS ends here), nor can protocol upgrades (exec,
