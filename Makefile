@@ -23,7 +23,7 @@ help: ## list the targets
 # Exact versions of everything but torch (constraints.txt, `make lock`): CI installs what was tested.
 $(STAMP): pyproject.toml constraints.txt operator/llmtrain/constants.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip wheel setuptools
+	$(PY) -m pip install --quiet -c constraints.txt --upgrade pip wheel setuptools
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[operator,train,dev]'
 	# DeepSpeed's build imports torch, so it must see the installed one (no build isolation).

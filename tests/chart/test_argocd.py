@@ -244,3 +244,14 @@ def test_documented_server_side_applies_force_conflicts() -> None:
     size = (CHART / "crds" / CRD_FILENAME).stat().st_size
     assert size < 100 * 1024, size
     assert "LLMTrainingJob CRD (under 100 KiB)" in README
+
+
+def test_the_chart_readme_and_the_argocd_guide_agree_on_when_the_crd_survives() -> None:
+    """Both say the same: Argo CD 2.8 and newer keep the CRD through the keep annotation, and only an
+    older one needs the non-cascading delete. Before, the chart README said every Argo CD deletes it."""
+    for name, text in (("charts/llmtrain/README.md", README), ("docs/argocd.md", DOC)):
+        flat = " ".join(text.split())
+        assert "helm.sh/resource-policy: keep" in flat, name
+        assert "Argo CD 2.8 and newer" in flat, name
+        older = flat.index("--cascade=false")
+        assert "older" in flat[older - 200 : older].lower(), (name, flat[older - 200 : older + 20])

@@ -302,6 +302,12 @@ def test_the_containment_policy_names_the_constant_marks_and_names() -> None:
     # The pods' volumes: the kinds spec.podTemplate may add, which restricted Pod Security admits.
     allowed = set(re.findall(r"has\(v\.(\w+)\)", variables["podVolumesAreOwn"]))
     assert allowed == set(VOLUME_SOURCES)
+    # The Security model says which: the same list, in the same words.
+    readme = (CHART / "README.md").read_text()
+    model = readme[readme.index("**The containment policy**") : readme.index("**Namespace-scoped install.**")]
+    said = re.search(r"Security profile admits \(([^;]*);", " ".join(model.split()))
+    assert said is not None, "the Security model no longer lists the volume kinds pods may mount"
+    assert said.group(1).replace("`", "").split(", ") == list(VOLUME_SOURCES)
     # The trainer's Role holds one rule, the one the policy allows.
     (rule,) = trainer_rules(parse_job(minimal_job("j")))
     assert rule == {

@@ -135,10 +135,12 @@ def start_operator(
     env: dict[str, str] | None = None,
     args: tuple[str, ...] = (),
     resync_seconds: float = RESYNC_SECONDS,
+    service_account: tuple[str, str] = (OPERATOR_SA, PLATFORM_NAMESPACE),
 ) -> OperatorProcess:
     """`llmtrain operator` for all namespaces as the chart's ServiceAccount (a TokenRequest token, no
-    admin rights), so the real RBAC authorizer and API priority and fairness treat it as in a pod."""
-    token = cluster.token(OPERATOR_SA, PLATFORM_NAMESPACE, duration="6h")
+    admin rights), so the real RBAC authorizer and API priority and fairness treat it as in a pod.
+    `service_account` (name, namespace): another release's."""
+    token = cluster.token(*service_account, duration="6h")
     kubeconfig = cluster.kubeconfig_for_token(directory / f"{name}.kubeconfig", token)
     full_env = {**os.environ, **(env or {}), "KUBECONFIG": str(kubeconfig)}
     full_env.pop("KUBERNETES_SERVICE_HOST", None)

@@ -291,3 +291,25 @@ def test_restart_midway_adopts_without_duplicates(
     apply_doc(cluster, _job("canary", namespace))  # proves this operator instance is live
     wait_for(lambda: get(cluster, "rayjob", "canary", namespace), what="the canary's RayJob")
     assert versions() == before
+
+
+def test_a_reset_connection_and_a_proxys_html_502_are_retried_like_server_errors(
+    cluster: Cluster, faults: FaultProxy, proxied_operator: OperatorProcess, namespace: str
+) -> None:
+    """What a network or a load balancer in front of the API server does: the ConfigMap create has
+    its connection reset, the RayJob create gets a load balancer's HTML 502. Both are transient API
+    errors the reconciler retries within seconds, not exceptions Kopf backs off from for a minute."""
+    log_start = len(proxied_operator.output())
+    reset = faults.reset("create", "configmaps", times=1)
+    page = faults.fail("create", "rayjobs", 502, times=1, html=True)
+    started = time.monotonic()
+    apply_doc(cluster, _job("netfault", namespace))
+    status = wait_phase(cluster, namespace, "netfault", "Running", timeout=45)
+    assert time.monotonic() - started < 30  # Kopf's backoff after an unexpected exception is 60 s
+    assert (reset.hits, page.hits) == (1, 1)
+    assert status["rayJobName"] == "netfault"
+    assert _conditions(status)["Created"]["status"] == "True"
+    log = proxied_operator.output()[log_start:]
+    _assert_reconciler_retried(log, "HTTP 0 ConnectionError: ProtocolError")
+    _assert_reconciler_retried(log, "HTTP 502 Bad Gateway: <html>")
+    assert "failed with an exception" not in log, log[-3000:]

@@ -1,15 +1,33 @@
 """Install for real: Helm's install and upgrade, `kubectl apply --server-side -k`, the CRD as the
-real API server serves it (CEL compiled within its cost budget, `kubectl explain`)."""
+real API server serves it (CEL compiled within its cost budget, `kubectl explain`), and a
+namespace-scoped install running a job on its Roles alone."""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 
-from tests.cluster.conftest import CHART, PLATFORM_NAMESPACE, RELEASE, get, helm, items, wait_for
+from tests.cluster.conftest import (
+    CHART,
+    PLATFORM_NAMESPACE,
+    RELEASE,
+    OperatorProcess,
+    apply_doc,
+    assert_no_rbac_refusals,
+    cpu_job,
+    get,
+    helm,
+    items,
+    start_operator,
+    wait_for,
+    wait_phase,
+)
+from tests.support.cluster import audit
 from tests.support.cluster.cluster import REPO_ROOT, Cluster
 
 CRD = "llmtrainingjobs.llmtrain.dev"
@@ -210,3 +228,104 @@ def test_the_documented_crd_upgrade_takes_over_helms_fields(
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(original))
     crd = get(cluster, "crd", CRD)
     assert crd is not None and crd["metadata"]["labels"]["app.kubernetes.io/part-of"] == "llmtrain"
+
+
+# The flags start_operator sets itself (local ports, plain logs); the rest come from the Deployment.
+_LOCAL_FLAGS = ("--liveness-port", "--metrics-port", "--log-format", "--log-level")
+
+
+def _deployment_args(deployment: dict[str, Any]) -> tuple[str, ...]:
+    """The operator's flags as the chart's Deployment passes them, less those start_operator sets."""
+    args = list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert args[0] == "operator", args
+    kept: list[str] = []
+    rest = iter(args[1:])
+    for arg in rest:
+        if arg in _LOCAL_FLAGS:
+            next(rest)  # its value
+        else:
+            kept.append(arg)
+    return tuple(kept)
+
+
+@pytest.mark.usefixtures("jobs_deleted_first")
+def test_a_namespace_scoped_install_runs_a_job_on_roles_alone(
+    cluster: Cluster,
+    platform: str,
+    operator: OperatorProcess,
+    namespace: str,
+    other_namespace: str,
+    tmp_path: Path,
+) -> None:
+    """watchNamespaces=[ns]: a second release in the platform namespace whose ServiceAccount gets
+    Roles in ns only (and its leader-election Lease at home). The operator run as it, with its
+    Deployment's flags, takes a job to its RayJob with no RBAC refusal in the API server's audit
+    log, and may do nothing in another namespace or across namespaces."""
+    release = "scoped"
+    helm(
+        cluster,
+        "install",
+        release,
+        str(CHART),
+        "-n",
+        platform,
+        "--skip-crds",
+        "--set",
+        f"watchNamespaces={{{namespace}}}",
+        "--set",
+        "rbac.userRoles.create=false",  # cluster-scoped with fixed names: the platform release has them
+    )
+    operator.stop()  # the session's all-namespace operator would take the job too
+    scoped: OperatorProcess | None = None
+    try:
+        manifest = [
+            o
+            for o in yaml.safe_load_all(helm(cluster, "get", "manifest", release, "-n", platform).stdout)
+            if o
+        ]
+        kinds = {o["kind"] for o in manifest}
+        assert not kinds & {"ClusterRole", "ClusterRoleBinding"}, kinds
+        (account,) = [o["metadata"]["name"] for o in manifest if o["kind"] == "ServiceAccount"]
+        user = f"system:serviceaccount:{platform}:{account}"
+        for verb, resource, where, allowed in (
+            ("create", "rayjobs.ray.io", ["-n", namespace], "yes"),
+            ("patch", "llmtrainingjobs.llmtrain.dev", ["-n", namespace, "--subresource=status"], "yes"),
+            ("create", "rayjobs.ray.io", ["-n", other_namespace], "no"),
+            ("patch", "configmaps", ["-n", other_namespace], "no"),
+            ("list", "llmtrainingjobs.llmtrain.dev", ["--all-namespaces"], "no"),
+            ("create", "roles.rbac.authorization.k8s.io", ["-n", other_namespace], "no"),
+        ):
+            can = cluster.kubectl("auth", "can-i", verb, resource, *where, f"--as={user}", check=False)
+            assert can.stdout.strip() == allowed, (verb, resource, where, can.stdout, can.stderr)
+
+        deployment = get(cluster, "deployment", f"{release}-llmtrain-operator", platform)
+        assert deployment is not None
+        since = audit.size(cluster.audit_log)
+        scoped = start_operator(
+            cluster,
+            tmp_path,
+            "scoped",
+            args=_deployment_args(deployment),
+            service_account=(account, platform),
+        )
+        apply_doc(cluster, cpu_job("scoped", namespace))
+        apply_doc(cluster, cpu_job("elsewhere", other_namespace, suspend=True))
+        status = wait_phase(cluster, namespace, "scoped", "Running", timeout=120)
+        assert status["rayJobName"] == "scoped"
+        assert get(cluster, "rayjob", "elsewhere", other_namespace) is None
+        assert not (get(cluster, "llmtj", "elsewhere", other_namespace) or {}).get("status")
+        assert "leading as" in scoped.output(), scoped.output()[-2000:]
+
+        made = audit.calls(cluster.audit_log, user, since)
+        assert made, "no calls of the scoped operator in the audit log"
+        refused = [c for c in made if not c.authorized]
+        assert not refused, refused[:10]
+        # Nothing cluster-wide (namespace ""), nothing in another namespace; at home only its Lease.
+        assert {c.namespace for c in made} == {namespace, platform}, sorted({c.namespace for c in made})
+        assert {c.resource for c in made if c.namespace == platform} == {"leases"}, made
+    finally:
+        if scoped is not None:
+            scoped.stop()
+            assert_no_rbac_refusals(scoped)
+        helm(cluster, "uninstall", release, "-n", platform, "--wait", check=False)
+        operator.start()

@@ -152,12 +152,15 @@ def ray_clusters(cluster: Cluster, namespace: str, job: str) -> list[dict[str, A
     ]
 
 
-def handled_labels(cluster: Cluster, namespace: str, name: str) -> dict[str, str] | None:
-    """The job's labels as Kopf recorded them after its handlers succeeded; None before that."""
+def handled_labels(
+    cluster: Cluster, namespace: str, name: str, field: str = "labels"
+) -> dict[str, str] | None:
+    """The job's labels (or annotations) as Kopf recorded them after its handlers succeeded; None
+    before that."""
     last = job_status(cluster, namespace, name).get("kopf", {}).get("lastHandled")
     if not last:
         return None
-    labels: dict[str, str] = json.loads(last).get("metadata", {}).get("labels", {})
+    labels: dict[str, str] = json.loads(last).get("metadata", {}).get(field, {})
     return labels
 
 
@@ -316,13 +319,32 @@ def test_queued_job_is_admitted_when_the_job_holding_the_quota_goes(
             assert job_status(cluster, namespace, "first").get("phase") == "Running"
 
         hold(second_waits)
-        # Reconciles of the queued job (a label change, an operator killed and restarted) leave it
-        # queued: the operator never writes suspend of a queued RayJob.
+        # Reconciles of the queued job (a label, an annotation, its TTL and deadline edited, the
+        # operator killed and restarted) leave it queued: the operator never writes suspend of a
+        # queued RayJob.
         cluster.kubectl("label", "llmtj", "second", "-n", namespace, "waiting=yes")
         wait_for(
             lambda: (handled_labels(cluster, namespace, "second") or {}).get("waiting") == "yes",
             what="the operator handling the label change of the queued job",
         )
+        cluster.kubectl("annotate", "llmtj", "second", "-n", namespace, "note=queued")
+        wait_for(
+            lambda: (
+                (handled_labels(cluster, namespace, "second", "annotations") or {}).get("note") == "queued"
+            ),
+            what="the operator handling the annotation of the queued job",
+        )
+        # TTL and deadline edits reach the queued RayJob's spec (the operator writes it), suspend not.
+        for field, value in (("ttlSecondsAfterFinished", 120), ("activeDeadlineSeconds", 7200)):
+            patch = json.dumps({"spec": {"runPolicy": {field: value}}})
+            cluster.kubectl("patch", "llmtj", "second", "-n", namespace, "--type=merge", "-p", patch)
+            wait_for(
+                lambda field=field, value=value: (
+                    rayjob(cluster, namespace, "second")["spec"].get(field) == value
+                ),
+                what=f"the queued RayJob's {field} edited",
+            )
+        hold(second_waits)
         operator.restart(kill=True)
         hold(second_waits)
         assert not ray_clusters(cluster, namespace, "second")

@@ -86,3 +86,39 @@ def test_scoped_operator_probes_metrics_json_logs_and_image(
     assert any(r.get("object", {}).get("name") == "proc" for r in records)
     # The all-namespace operator picks up what the scoped one left alone.
     wait_phase(cluster, other_namespace, "ignored", "Suspended")
+
+
+def _gauge(metrics_port: int, phase: str) -> float | None:
+    """The `llmtrain_jobs` gauge's value for `phase`; None while the endpoint does not answer."""
+    text = _get(f"http://127.0.0.1:{metrics_port}/metrics")[1]
+    found = re.search(rf'^llmtrain_jobs{{phase="{phase}"}} (\S+)$', text, re.MULTILINE)
+    return float(found.group(1)) if found else None
+
+
+@pytest.mark.usefixtures("jobs_deleted_first")
+def test_the_jobs_gauge_drops_a_deleted_job_and_is_rebuilt_after_a_restart(
+    cluster: Cluster, operator: OperatorProcess, namespace: str, tmp_path: Path
+) -> None:
+    """No resync within the test (an hour): the deleted job leaves the gauge on its DELETED event,
+    and after a restart the gauge counts the jobs from their status.phase, written by no one."""
+    operator.stop()
+    scoped = start_operator(cluster, tmp_path, "gauge", args=("--namespace", namespace), resync_seconds=3600)
+    try:
+        metrics = _port(scoped, "metrics-port")
+        for name in ("kept", "deleted"):
+            apply_doc(cluster, cpu_job(name, namespace, suspend=True))
+        for name in ("kept", "deleted"):
+            wait_phase(cluster, namespace, name, "Suspended")
+        wait_for(lambda: _gauge(metrics, "Suspended") == 2.0, what="two Suspended jobs on the gauge")
+
+        cluster.kubectl("delete", "llmtj", "deleted", "-n", namespace, "--wait=true")
+        wait_for(
+            lambda: _gauge(metrics, "Suspended") == 1.0, timeout=30, what="the deleted job off the gauge"
+        )
+
+        scoped.restart()
+        wait_for(lambda: _gauge(metrics, "Suspended") == 1.0, what="the gauge rebuilt after the restart")
+        assert all(_gauge(metrics, phase) == 0.0 for phase in ("Pending", "Running", "Succeeded", "Failed"))
+    finally:
+        scoped.stop()
+        operator.start()

@@ -449,3 +449,43 @@ def test_a_finished_job_stays_finished_when_its_rayjob_goes(
     assert get(cluster, "rayjob", "done", namespace) is None
     assert status["phase"] == "Succeeded" and job_status(cluster, namespace, "done")["phase"] == "Succeeded"
     assert not [e for e in _events(cluster, namespace, "done") if e["reason"] == "RayJobRecreated"]
+
+
+def test_rayjobs_deleted_while_the_operator_is_down_are_handled_on_purpose_at_restart(
+    cluster: Cluster, operator: OperatorProcess, namespace: str
+) -> None:
+    """No DELETED event reaches a stopped operator. At restart, the running job's RayJob is created
+    again with the same Warning as when the deletion is seen; the finished job stays finished."""
+    apply_doc(cluster, cpu_job("finished", namespace))
+    wait_phase(cluster, namespace, "finished", "Running")
+    try:
+        end_ray_job(cluster, namespace, "finished", succeed=True)
+        wait_phase(cluster, namespace, "finished", "Succeeded")
+    finally:
+        clear_outcome(cluster, namespace)
+    apply_doc(cluster, cpu_job("unfinished", namespace))
+    wait_phase(cluster, namespace, "unfinished", "Running")
+    first = (get(cluster, "rayjob", "unfinished", namespace) or {})["metadata"]["uid"]
+    operator.stop()
+    try:
+        cluster.kubectl("delete", "rayjob", "finished", "unfinished", "-n", namespace, "--wait=true")
+    finally:
+        operator.start()
+    recreated = wait_for(
+        lambda: [e for e in _events(cluster, namespace, "unfinished") if e["reason"] == "RayJobRecreated"],
+        what="the RayJobRecreated Warning",
+    )
+    assert (
+        recreated[0]["type"] == "Warning"
+        and "was deleted while the job was Running" in recreated[0]["message"]
+    )
+    again = get(cluster, "rayjob", "unfinished", namespace) or {}
+    assert again["metadata"]["uid"] != first
+    assert wait_phase(cluster, namespace, "unfinished", "Running")["observedGeneration"] == 1
+    time.sleep(RESYNC_SECONDS)  # a resync pass too
+    assert get(cluster, "rayjob", "finished", namespace) is None
+    assert job_status(cluster, namespace, "finished")["phase"] == "Succeeded"
+    assert not [e for e in _events(cluster, namespace, "finished") if e["reason"] == "RayJobRecreated"]
+    assert (
+        len([e for e in _events(cluster, namespace, "unfinished") if e["reason"] == "RayJobRecreated"]) == 1
+    )

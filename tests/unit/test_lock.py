@@ -47,7 +47,7 @@ def test_torch_and_its_cuda_companions_are_left_to_the_build() -> None:
 def test_every_install_uses_the_constraints() -> None:
     makefile = (REPO_ROOT / "Makefile").read_text()
     installs = re.findall(r"pip install[^\n]*", makefile)
-    project_installs = [line for line in installs if "TORCH_SPEC" not in line and "--upgrade pip" not in line]
+    project_installs = [line for line in installs if "TORCH_SPEC" not in line]
     assert project_installs and all("-c constraints.txt" in line for line in project_installs), installs
     for dockerfile in ("operator/Dockerfile", "trainer_image/Dockerfile"):
         text = (REPO_ROOT / dockerfile).read_text()
@@ -56,3 +56,72 @@ def test_every_install_uses_the_constraints() -> None:
             line for line in re.findall(r"pip install[^\n]*", text) if '".[' in line or "deepspeed" in line
         ]
         assert project and all("-c constraints.txt" in line for line in project), (dockerfile, project)
+
+
+DOCKERFILES = ("operator/Dockerfile", "trainer_image/Dockerfile")
+# What follows `pip install` on one logical line (continuations joined) up to the next `&&`.
+_PIP_INSTALL = re.compile(r"pip install ((?:[^&\n]|&(?!&))*)")
+
+
+def _pip_installs(dockerfile: str) -> list[list[str]]:
+    """The arguments of every `pip install` in a Dockerfile, continuation lines joined."""
+    text = (REPO_ROOT / dockerfile).read_text().replace("\\\n", " ")
+    return [line.split() for line in _PIP_INSTALL.findall(text)]
+
+
+def test_every_image_pip_install_is_pinned() -> None:
+    """Each package an image installs is at an exact version: through constraints.txt, or written
+    out (pip, setuptools and wheel before torch; torch and DeepSpeed by their ARGs) and then equal to
+    constraints.txt's pin where it has one. An unpinned `pip install --upgrade pip` gets whatever
+    is newest on the day of the build."""
+    pins = _pins()
+    for dockerfile in DOCKERFILES:
+        defaults = dict(
+            re.findall(r"^ARG (\w+)=(\S+)$", (REPO_ROOT / dockerfile).read_text(), flags=re.MULTILINE)
+        )
+        installs = _pip_installs(dockerfile)
+        assert installs, dockerfile
+        for args in installs:
+            if "-c" in args and args[args.index("-c") + 1] == "constraints.txt":
+                continue
+            options_with_value = {"--index-url", "--extra-index-url"}
+            wanted = [
+                a.strip('"')
+                for i, a in enumerate(args)
+                if not a.startswith("-") and args[i - 1] not in options_with_value
+            ]
+            assert wanted, (dockerfile, args)
+            for text in wanted:
+                requirement = Requirement(re.sub(r"\$\{(\w+)\}", lambda m, d=defaults: d[m.group(1)], text))
+                specs = list(requirement.specifier)
+                assert len(specs) == 1 and specs[0].operator == "==", f"{dockerfile}: {text} is not pinned"
+                spec = specs[0]
+                name = canonicalize_name(requirement.name)
+                if name in pins:
+                    assert Version(spec.version) == pins[name], (dockerfile, text, pins[name])
+
+
+def test_pip_and_the_build_backend_are_the_tested_versions() -> None:
+    """pip, setuptools and wheel are in constraints.txt (the venv's, `make lock`), and the isolated
+    build of the project, which constraints.txt does not reach, requires the same exact versions."""
+    pins = _pins()
+    assert {"pip", "setuptools", "wheel"} <= set(pins)
+    requires = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    for text in requires:
+        requirement = Requirement(text)
+        (spec,) = requirement.specifier
+        assert spec.operator == "==", text
+        assert Version(spec.version) == pins[canonicalize_name(requirement.name)], text
+    lock = (REPO_ROOT / "hack" / "lock.sh").read_text()
+    assert "pip|setuptools|wheel" not in lock, "make lock would drop them from constraints.txt"
+
+
+def test_the_base_images_can_be_pinned_by_digest() -> None:
+    """Every FROM names an ARG holding the image reference (a tag by default), so a build can pin
+    it by digest with --build-arg."""
+    for dockerfile in DOCKERFILES:
+        text = (REPO_ROOT / dockerfile).read_text()
+        bases = re.findall(r"^FROM (\S+)", text, flags=re.MULTILINE)
+        assert bases and all(re.fullmatch(r"\$\{[A-Z_]+\}", b) for b in bases), (dockerfile, bases)
+        for base in set(bases):
+            assert re.search(rf"^ARG {base[2:-1]}=\S+:\S+$", text, flags=re.MULTILINE), (dockerfile, base)

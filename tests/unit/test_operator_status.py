@@ -373,3 +373,26 @@ def test_one_jobs_conflict_does_not_end_the_resync_pass(monkeypatch: pytest.Monk
     monkeypatch.setattr(handlers, "_mirror", lambda kube, j, r: mirrored.append(j["metadata"]["name"]))
     handlers.resync_all(Kube(), OperatorConfig(), logging.getLogger("test"))  # type: ignore[arg-type]
     assert mirrored == ["b"]
+
+
+def test_the_resync_pass_takes_jobs_no_longer_listed_off_the_gauge(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job whose DELETED event was missed leaves the gauge at the next pass; listed ones stay."""
+    import logging
+
+    from llmtrain.operator import handlers, metrics
+    from llmtrain.operator.config import OperatorConfig
+
+    book = metrics.PhaseBook()
+    book.set("n/kept", "Succeeded")
+    book.set("n/gone", "Running")
+    kept = {"metadata": {"name": "kept", "namespace": "n", "uid": "u"}, "status": {"phase": "Succeeded"}}
+
+    class Kube:
+        def list_all(self, resource: object, namespace: object, label_selector: object = None) -> list:
+            return [kept] if resource is handlers.JOB_RESOURCE else []
+
+    monkeypatch.setattr(handlers, "PHASE_BOOK", book)
+    handlers.resync_all(Kube(), OperatorConfig(), logging.getLogger("test"))  # type: ignore[arg-type]
+    assert book.keys() == {"n/kept"}
+    assert metrics.JOBS.labels(phase="Running")._value.get() == 0
+    assert metrics.JOBS.labels(phase="Succeeded")._value.get() == 1

@@ -275,6 +275,14 @@ def test_every_profile_renders(profile: str) -> None:
     assert set(PROFILES[profile]) <= set(env)
 
 
+def test_a_finished_ray_cluster_is_kept_five_minutes_by_default() -> None:
+    """The default ttlSecondsAfterFinished holds a finished job's GPUs only long enough to read its
+    logs (the earlier default, 3600, kept idle GPUs for an hour); the README documents 300."""
+    spec = rayjob(_gpu_job())["spec"]
+    assert spec["ttlSecondsAfterFinished"] == 300
+    assert spec["shutdownAfterJobFinishes"] is True  # without it KubeRay ignores the TTL
+
+
 def test_rayjob_policy_fields() -> None:
     doc = _gpu_job(
         runPolicy={

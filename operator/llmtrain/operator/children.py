@@ -11,6 +11,7 @@ collector delete it with the job).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,7 +68,8 @@ class EnsureResult:
     rayjob: dict[str, Any] = field(default_factory=dict)
 
 
-def _key(obj: dict[str, Any]) -> str:
+def child_key(obj: Mapping[str, Any]) -> str:
+    """How EnsureResult names a child: Kind/name."""
     return f"{obj['kind']}/{obj['metadata']['name']}"
 
 
@@ -140,7 +142,7 @@ def ensure(kube: Kube, desired: dict[str, Any], result: EnsureResult) -> dict[st
     """Create the child, or adopt and re-sync the one already there."""
     try:
         created = kube.create(desired)
-        result.created.append(_key(desired))
+        result.created.append(child_key(desired))
         return created
     except ApiError as err:
         if err.status != 409:
@@ -150,23 +152,25 @@ def ensure(kube: Kube, desired: dict[str, Any], result: EnsureResult) -> dict[st
         existing = kube.get(resource_of(desired), meta["namespace"], meta["name"])
     except ApiError as err:
         if err.status == 404:  # the conflict was not an existing object (or it just went): retry
-            raise ApiError(409, "Conflict", f"{_key(desired)} conflicted on create but is not there") from err
+            raise ApiError(
+                409, "Conflict", f"{child_key(desired)} conflicted on create but is not there"
+            ) from err
         raise
     owner = (meta.get("ownerReferences") or [{}])[0].get("uid")
     holder = _controller_uid(existing)
     if holder is not None and owner is not None and holder != owner:
         if existing["metadata"].get("deletionTimestamp") or _held_by_earlier_namesake(desired, existing):
             raise ChildBeingReplaced(
-                f"{_key(desired)} still belongs to an earlier job of the same name (uid {holder}) "
+                f"{child_key(desired)} still belongs to an earlier job of the same name (uid {holder}) "
                 "that is being garbage-collected; waiting for it to go"
             )
         raise OwnershipConflict(
-            f"{_key(desired)} already exists and is controlled by another object (uid {holder}); "
+            f"{child_key(desired)} already exists and is controlled by another object (uid {holder}); "
             "rename the LLMTrainingJob or delete that object"
         )
     if holder is None and owner is not None and not _carries_our_marks(desired, existing):
         raise OwnershipConflict(
-            f"{_key(desired)} already exists and was not created by llmtrain for this job (it lacks "
+            f"{child_key(desired)} already exists and was not created by llmtrain for this job (it lacks "
             f"the labels {MANAGED_BY_LABEL}={OPERATOR_NAME} and {JOB_LABEL}={meta['labels'][JOB_LABEL]}); "
             "llmtrain never takes over an object it did not create: rename the LLMTrainingJob, or "
             "delete or rename that object"
@@ -175,9 +179,9 @@ def ensure(kube: Kube, desired: dict[str, Any], result: EnsureResult) -> dict[st
     if not patch:
         return existing
     if holder is None:
-        result.adopted.append(_key(desired))
+        result.adopted.append(child_key(desired))
     else:
-        result.patched.append(_key(desired))
+        result.patched.append(child_key(desired))
     return kube.merge_patch(resource_of(desired), meta["namespace"], meta["name"], patch)
 
 

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.leaderelection import electionconfig, leaderelection
@@ -138,5 +139,5 @@ def release(election: Election, holder: str) -> None:
         # A replace carries the resourceVersion read above: a lease taken meanwhile is not touched.
         api.replace_namespaced_lease(election.lease_name, election.lease_namespace, lease)
         LOG.info("released the lease %s/%s", election.lease_namespace, election.lease_name)
-    except (ApiException, OSError) as exc:
+    except (ApiException, OSError, urllib3.exceptions.HTTPError) as exc:  # refused, reset, timed out
         LOG.warning("could not release the lease (it expires by itself): %s", exc)

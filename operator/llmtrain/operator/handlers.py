@@ -6,7 +6,8 @@
   events and failed writes converge; a RayJob deleted under a running job is created again (the
   run resumes from its checkpoint), one deleted under a finished job is not: a finished job stays
   finished.
-Deletion relies on ownerReference garbage collection: no finalizer, nothing to block.
+Deletion relies on ownerReference garbage collection: no finalizer, nothing to block; a job's
+DELETED event (and the resync pass, for one missed) only takes it off the `llmtrain_jobs` gauge.
 
 Handlers are registered explicitly (`register`) on the registry `main` builds; configuration
 arrives as one `OperatorConfig` in Kopf's memo. Every status write goes through
@@ -31,6 +32,7 @@ from llmtrain.operator import workload
 from llmtrain.operator.children import (
     ChildBeingReplaced,
     OwnershipConflict,
+    child_key,
     ensure_all,
     sync_if_present,
 )
@@ -59,7 +61,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     kopf.on.startup(registry=registry)(startup)
     for on in (kopf.on.resume, kopf.on.create, kopf.on.update):
         on(API_GROUP, API_VERSION, PLURAL, registry=registry)(reconcile)
-    kopf.on.delete(API_GROUP, API_VERSION, PLURAL, optional=True, registry=registry)(forget)
+    kopf.on.event(API_GROUP, API_VERSION, PLURAL, registry=registry)(forget_deleted)
     kopf.on.event("ray.io", "v1", "rayjobs", labels={JOB_LABEL: kopf.PRESENT}, registry=registry)(
         mirror_rayjob
     )
@@ -224,6 +226,11 @@ def _reconcile(
             delay = 0.2 if err.status == 409 else err.retry_after or 2
             raise kopf.TemporaryError(f"first status write: {err}", delay=delay) from err
         return
+    if child_key(result.rayjob) in result.created:
+        # Named in the status, yet created now: it was deleted while no handler was watching (the
+        # operator down, a missed event). Said on purpose, as when the deletion is seen.
+        _report_recreated(kube, dict(body), result.rayjob, logger)
+        return
     write_status(
         kube, body, {"observedGeneration": generation, "rayJobName": rayjob_name, "conditions": conditions}
     )
@@ -262,9 +269,12 @@ def _report_refusal(kube: Kube, body: kopf.Body, err: ApiError, retry: int) -> N
     )
 
 
-def forget(meta: kopf.Meta, **_: Any) -> None:
-    """Only bookkeeping; optional=True adds no finalizer, children go by garbage collection."""
-    PHASE_BOOK.forget(job_key(meta))
+def forget_deleted(event: kopf.RawEvent, meta: kopf.Meta, **_: Any) -> None:
+    """A deleted job leaves the `llmtrain_jobs` gauge. Not a `kopf.on.delete` handler: with no
+    finalizer (children go by garbage collection) Kopf sees a deletion as GONE, which runs no
+    changing handler. A DELETED event missed meanwhile is made up for by the resync pass."""
+    if event.get("type") == "DELETED":
+        PHASE_BOOK.forget(job_key(meta))
 
 
 def _owner_ref(rayjob: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -333,15 +343,20 @@ def _rayjob_gone(
     except InvalidJob:
         return
     result = ensure_all(kube, render(parsed, config.images))
-    name = result.rayjob["metadata"]["name"]
+    _report_recreated(kube, job, result.rayjob, logger)
+
+
+def _report_recreated(kube: Kube, job: dict[str, Any], rayjob: dict[str, Any], logger: Any) -> None:
+    """A Warning that an unfinished job's RayJob was created again, and its status from the new one."""
+    status = job.get("status") or {}
     message = (
-        f"RayJob {name} was deleted while the job was {status.get('phase')}; created it again: "
-        "training resumes from the latest checkpoint"
+        f"RayJob {rayjob['metadata']['name']} was deleted while the job was {status.get('phase')}; "
+        "created it again: training resumes from the latest checkpoint"
     )
     logger.warning(message)
     announce(kube, job, Announcement("Warning", "RayJobRecreated", message))
-    update, _ = status_map.derive(result.rayjob, status, job["metadata"].get("generation"), now())
-    write_status(kube, job, update)
+    update, _ = status_map.derive(rayjob, status, job["metadata"].get("generation"), now())
+    write_status(kube, job, {**update, "observedGeneration": job["metadata"].get("generation")})
 
 
 def mirror_rayjob(
@@ -379,9 +394,12 @@ def resync_all(kube: Kube, config: OperatorConfig, logger: logging.Logger) -> No
     """Level-triggered: every unfinished job's status from its RayJob as it is now, whatever events
     were missed or writes failed; a RayJob that is gone is created again. Jobs are listed before
     RayJobs, so a RayJob a listed job names (created before its name was written) is in the second
-    list unless it was deleted."""
+    list unless it was deleted. The gauge forgets jobs no longer listed (a DELETED event missed)."""
+    booked = PHASE_BOOK.keys()  # before listing: a job created after the lists is not dropped
+    listed: set[str] = set()
     for namespace in config.namespaces or (None,):
         jobs = kube.list_all(JOB_RESOURCE, namespace)
+        listed.update(job_key(job["metadata"]) for job in jobs)
         rayjobs = {
             (r["metadata"]["namespace"], r["metadata"]["name"]): r
             for r in kube.list_all(RAYJOB_RESOURCE, namespace, label_selector=JOB_LABEL)
@@ -402,3 +420,4 @@ def resync_all(kube: Kube, config: OperatorConfig, logger: logging.Logger) -> No
                 logger.warning(f"resync of {job_key(meta)}: {err}")
             except (ChildBeingReplaced, OwnershipConflict) as exc:  # one job's trouble, not the pass's
                 logger.warning(f"resync of {job_key(meta)}: {exc}")
+    PHASE_BOOK.forget(*(booked - listed))

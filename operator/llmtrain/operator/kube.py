@@ -11,7 +11,9 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
+import urllib3
 from kubernetes import client as k8s_client
+from kubernetes.client.exceptions import ApiException
 
 from llmtrain.constants import API_GROUP, API_VERSION, GROUP_VERSION, KIND, PLURAL
 
@@ -77,6 +79,17 @@ class ApiError(Exception):
         return self.status in (403, 404)
 
 
+def _json_object(raw: bytes) -> dict[str, Any] | None:
+    """The body as a JSON object ({} when empty); None when it is not one, e.g. a proxy's HTML 502."""
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def load_config() -> None:
     """The kubernetes client's default configuration: in a pod the ServiceAccount, elsewhere
     $KUBECONFIG or ~/.kube/config."""
@@ -119,18 +132,24 @@ class Kube:
         )
         try:
             resp = self.api.call_api(m, url, header_params=hdrs, body=payload, _request_timeout=30)
-        except OSError as exc:  # connection refused/reset: the API server is unreachable
-            raise ApiError(0, "ConnectionError", str(exc)) from exc
-        raw = resp.read()  # type: ignore[no-untyped-call]
-        data: dict[str, Any] = json.loads(raw) if raw else {}
+            raw = resp.read()  # type: ignore[no-untyped-call]
+        except (OSError, urllib3.exceptions.HTTPError) as exc:
+            # Refused, reset, timed out, or cut off mid-body: urllib3 wraps most of these in its own
+            # errors (MaxRetryError, ProtocolError, ReadTimeoutError), which are not OSErrors.
+            raise ApiError(0, "ConnectionError", f"{type(exc).__name__}: {exc}") from exc
+        except ApiException as exc:  # the client's wrapping of a TLS failure (status 0)
+            raise ApiError(exc.status or 0, str(exc.reason or "ConnectionError"), str(exc)) from exc
+        data = _json_object(raw)
         if resp.status >= 300:
             retry_after = resp.getheader("Retry-After")  # type: ignore[no-untyped-call]
             raise ApiError(
                 resp.status,
-                str(data.get("reason") or resp.reason),
-                str(data.get("message") or raw[:500]),
+                str((data or {}).get("reason") or resp.reason),
+                str((data or {}).get("message") or raw[:500].decode("utf-8", "replace")),
                 float(retry_after) if retry_after else None,
             )
+        if data is None:  # a 2xx that is not the API server's JSON: an intermediary's page
+            raise ApiError(0, "InvalidResponse", f"not JSON: {raw[:200].decode('utf-8', 'replace')}")
         return data
 
     def get(self, res: Resource, namespace: str, name: str) -> dict[str, Any]:

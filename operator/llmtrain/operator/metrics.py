@@ -31,10 +31,15 @@ class PhaseBook:
             self._phases[key] = phase
             self._publish()
 
-    def forget(self, key: str) -> None:
+    def forget(self, *keys: str) -> None:
         with self._lock:
-            self._phases.pop(key, None)
+            for key in keys:
+                self._phases.pop(key, None)
             self._publish()
+
+    def keys(self) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._phases)
 
     def _publish(self) -> None:
         counts: dict[str, int] = dict.fromkeys(PHASES, 0)

@@ -3,7 +3,8 @@
 The real kube-apiserver cannot be told to fail the next RayJob create, so a client (the operator) is
 pointed at this proxy instead. Every request is forwarded as is, watch streams and chunked lists
 included, unless a rule matches it: then the proxy answers with a Kubernetes `Status` (500, 429 with
-Retry-After, 409, 403...) without forwarding, or forwards it late (`faults.py` has the rules).
+Retry-After, 409, 403...) or a load balancer's HTML page without forwarding, drops the connection
+(TCP RST), or forwards it late (`faults.py` has the rules).
 
 The client's bearer token is passed through, so RBAC still judges the client's own identity; a client
 authenticating by certificate cannot be proxied (TLS ends here), nor can protocol upgrades (exec,
@@ -23,7 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import ssl
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -151,9 +154,17 @@ class FaultProxy:
         times: int | None = 1,
         retry_after: float | None = None,
         message: str | None = None,
+        html: bool = False,
     ) -> Fault:
-        """Answer the next `times` matching requests (None: all, until cleared) with `status`."""
-        return self.faults.fail(verb, resource, status, times=times, retry_after=retry_after, message=message)
+        """Answer the next `times` matching requests (None: all, until cleared) with `status`; `html`:
+        with an HTML page instead of a Kubernetes Status, as a load balancer in front of it does."""
+        return self.faults.fail(
+            verb, resource, status, times=times, retry_after=retry_after, message=message, html=html
+        )
+
+    def reset(self, verb: str, resource: str, *, times: int | None = 1) -> Fault:
+        """Drop the connection of the next `times` matching requests without an answer (TCP RST)."""
+        return self.faults.reset(verb, resource, times=times)
 
     def delay(self, verb: str, resource: str, seconds: float, *, times: int | None = None) -> Fault:
         """Forward the matching requests only after `seconds` (None times: all, until cleared)."""
@@ -250,10 +261,12 @@ class FaultProxy:
         rule = self.faults.take(info.verb, info.group, info.plural, info.subresource) if info.plural else None
         if rule is not None and rule.delay:
             await asyncio.sleep(rule.delay)
+        body = await request.content.read()  # no size limit of its own: the API server applies one
         if rule is not None and rule.status is not None:
             self._record(info, rule.status, injected=True)
+            if rule.answer == "reset":
+                return _reset(request)
             return self._injected(info, rule)
-        body = await request.content.read()  # no size limit of its own: the API server applies one
         headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP)
         assert self._session is not None
         try:
@@ -285,6 +298,9 @@ class FaultProxy:
     def _injected(self, info: RequestInfo, rule: Fault) -> web.Response:
         assert rule.status is not None
         reason = REASONS.get(rule.status, "Unknown")
+        if rule.answer == "html":
+            page = f"<html><body><h1>{rule.status} {reason}</h1></body></html>"
+            return web.Response(status=rule.status, text=page, content_type="text/html")
         message = rule.message or f"injected by the fault proxy: {info.verb} {info.resource}"
         details: dict[str, Any] = {"kind": info.plural, "group": info.group}
         if info.name:
@@ -300,6 +316,18 @@ class FaultProxy:
             self._requests.append(
                 Seen(info.verb, info.resource, info.namespace, info.name, status, injected, time.monotonic())
             )
+
+
+def _reset(request: web.BaseRequest) -> web.Response:
+    """Drop the client's connection with a TCP RST (SO_LINGER 0), as a crashing peer or a middlebox
+    does; the returned response is never sent."""
+    transport = request.transport
+    assert transport is not None
+    transport.get_extra_info("socket").setsockopt(
+        socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+    )
+    transport.abort()
+    return web.Response()
 
 
 def _status_response(

@@ -1,5 +1,6 @@
 """Fault rules for the fault proxy: make the next N matching requests fail or slow down before they
-reach the API server.
+reach the API server, or fail the way a network or a proxy in front of it does (a reset connection,
+an HTML error page).
 
 Rules are matched by Kubernetes verb (`get list watch create update patch delete`, `*` for any) and
 resource as RBAC spells it (`rayjobs`, `rayjobs/status`, `rayjobs.ray.io`, `*`). Tests set rules from
@@ -22,6 +23,7 @@ REASONS = {
     422: "Invalid",
     429: "TooManyRequests",
     500: "InternalError",
+    502: "BadGateway",
     503: "ServiceUnavailable",
     504: "Timeout",
 }
@@ -56,6 +58,9 @@ class Fault:
     delay: float = 0.0
     message: str | None = None
     hits: int = 0  # how many requests this rule has answered so far
+    # How a failure is answered: "status" (the API server's JSON Status), "html" (a load balancer's
+    # HTML page with `status`), "reset" (the connection dropped with a TCP RST, no answer at all).
+    answer: str = "status"
 
     def matches(self, verb: str, group: str, plural: str, subresource: str | None) -> bool:
         names = {plural, f"{plural}.{group}"} if group else {plural}
@@ -85,9 +90,16 @@ class Faults:
         retry_after: float | None = None,
         message: str | None = None,
         delay: float = 0.0,
+        html: bool = False,
     ) -> Fault:
-        """Answer the next `times` matching requests with `status` (e.g. 500, 429 with `retry_after`, 409)."""
-        return self._add(Fault(verb, resource, status, times, retry_after, delay, message))
+        """Answer the next `times` matching requests with `status` (e.g. 500, 429 with `retry_after`, 409);
+        `html`: with an HTML page, as a proxy or load balancer in front of the API server does."""
+        answer = "html" if html else "status"
+        return self._add(Fault(verb, resource, status, times, retry_after, delay, message, answer=answer))
+
+    def reset(self, verb: str, resource: str, *, times: int | None = 1) -> Fault:
+        """Drop the connection of the next `times` matching requests (TCP RST) without answering."""
+        return self._add(Fault(verb, resource, 0, times, answer="reset"))
 
     def delay(self, verb: str, resource: str, seconds: float, *, times: int | None = None) -> Fault:
         """Serve the matching requests normally, but only after `seconds`."""
