@@ -1,9 +1,11 @@
 """The spec → `transformers.TrainingArguments` for trainer.type huggingface.
 
 Everything the spec already says (hyperparameters, precision, strategy, logging and checkpoint
-cadence) is derived here; `trainer.huggingface.args` adds the rest. The CRD refuses pass-through
-keys the platform owns (llmtrain.api.trainer_spec.HF_RESERVED_ARGS); preflight refuses keys the
-installed transformers does not know, so a typo fails before any worker starts.
+cadence) is derived here; `trainer.huggingface.args` adds the rest. Pass-through keys the platform
+owns (llmtrain.api.trainer_spec.HF_RESERVED_ARGS) are refused by the spec's model, i.e. by
+`llmtrain validate` and by the operator (the API server's CEL cannot type the free-form map, so
+`kubectl apply` accepts them); preflight refuses keys the installed transformers does not know, so a
+typo fails before any worker starts.
 """
 
 from __future__ import annotations
