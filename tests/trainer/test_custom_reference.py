@@ -167,3 +167,37 @@ def test_a_preflight_error_reaches_the_job_status(
     path, error = errors[-1]
     assert path.endswith("/namespaces/test/llmtrainingjobs/bad-ref/status"), path
     assert error is not None and "trainer.custom.function 'user_train:nope'" in error, error
+
+
+def test_a_function_from_the_trainer_image_needs_no_path(
+    tmp_path: Path, code: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without trainer.custom.path the module is imported as installed in the image (here: a folder
+    on sys.path standing in for site-packages); preflight and the workers resolve the same function."""
+    import importlib
+
+    from llmtrain.api.trainer_spec import CustomTrainerSpec
+    from llmtrain_trainer.modes.reference import resolve
+    from llmtrain_trainer.preflight import check
+
+    monkeypatch.syspath_prepend(str(code))
+    spec = CustomTrainerSpec(function="user_train:train")
+    assert spec.path is None
+    assert resolve(spec) is importlib.import_module("user_train").train
+    check(
+        tiny_config(
+            tmp_path / "r", "image", trainer={"type": "custom", "custom": {"function": "user_train:train"}}
+        )
+    )
+
+
+def test_a_missing_module_without_path_names_the_image(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tiny_config(
+        tmp_path / "runs",
+        "image",
+        trainer={"type": "custom", "custom": {"function": "not_in_image_xyz:train"}},
+    )
+    assert main(["--config", str(write_config(config, tmp_path / "c.json"))]) == 2
+    assert "no module named 'not_in_image_xyz' in the trainer image" in capsys.readouterr().err
