@@ -118,6 +118,9 @@ def _check_trainer(config: TrainerConfig) -> None:
     trainer = config.trainer
     if trainer.type == "custom" and trainer.custom is not None:
         resolve_custom_function(trainer.custom)
+    # accelerate (1.15, AcceleratorState.__init__) keeps the FSDP plugin only for GPU-class
+    # distributed types; use_cpu gives MULTI_CPU, so the Trainer would silently drop FSDP and run
+    # plain DDP while the job says strategy fsdp. The CRD refuses the same (CEL on spec).
     if trainer.type == "huggingface" and config.strategy.type == "fsdp" and not config.scaling.use_gpu:
         raise PreflightError(
             "trainer.type huggingface with strategy.type fsdp needs GPUs; "

@@ -26,7 +26,7 @@ from llmtrain_trainer import model as models
 from llmtrain_trainer.data import build_sequences, collate
 from llmtrain_trainer.distributed import WorkerEnv, rank_zero_first
 from llmtrain_trainer.metrics import MetricsRecord
-from llmtrain_trainer.modes.hf_args import training_arguments
+from llmtrain_trainer.modes.hf_args import FSDP_EXPORT_STATE_DICT, training_arguments
 from llmtrain_trainer.modes.run import ModeRun
 from llmtrain_trainer.tokenizer import load_tokenizer
 from llmtrain_trainer.weights import fetch_weights
@@ -130,6 +130,8 @@ def export(trainer: Trainer, tokenizer: Any, run: ModeRun) -> None:
     if run.env.is_main:
         shutil.rmtree(staging, ignore_errors=True)
     dist.barrier()
+    if trainer.is_fsdp_enabled:  # checkpoints are sharded; Trainer.save_model writes none of those
+        trainer.accelerator.state.fsdp_plugin.set_state_dict_type(FSDP_EXPORT_STATE_DICT)
     trainer.save_model(str(staging))
     dist.barrier()
     if run.env.is_main:
