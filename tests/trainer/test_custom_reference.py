@@ -201,3 +201,23 @@ def test_a_missing_module_without_path_names_the_image(
     )
     assert main(["--config", str(write_config(config, tmp_path / "c.json"))]) == 2
     assert "no module named 'not_in_image_xyz' in the trainer image" in capsys.readouterr().err
+
+
+def test_hf_mode_refuses_a_weights_only_resume_from(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CRD refuses it too (CEL); a TrainerConfig written by hand or by an older operator still
+    fails before workers start, naming spec.resumeFrom and what to use instead."""
+    seed = tmp_path / "seeds" / "checkpoint-step-00000010"
+    seed.mkdir(parents=True)
+    config = tiny_config(
+        tmp_path / "runs",
+        "hf",
+        strategy={"type": "ddp"},
+        trainer={"type": "huggingface"},
+        resumeFrom={"runsRoot": str(tmp_path / "runs"), "checkpoint": str(seed)},
+    )
+    assert main(["--config", str(write_config(config, tmp_path / "c.json"))]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "spec.resumeFrom.checkpoint (weights only) is not supported with trainer.type huggingface" in err
+    assert "use resumeFrom.run" in err

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from llmtrain.api.spec import LoraSpec
 from llmtrain.api.trainer_config import TrainerConfig
+from llmtrain.api.trainer_spec import HF_SEED_UNSUPPORTED
 from transformers import PretrainedConfig
 
 from llmtrain_trainer import model as models
@@ -107,6 +108,12 @@ def _check_storage(storage: Path) -> None:
 def _check_resume_from(config: TrainerConfig) -> None:
     """A missing or unloadable resumeFrom target fails here, unless the run already has its own
     checkpoints (a retry), which it then resumes instead."""
+    if (
+        config.resume_from is not None
+        and config.resume_from.checkpoint
+        and config.trainer.type == "huggingface"
+    ):
+        raise PreflightError(HF_SEED_UNSUPPORTED)
     if config.resume_from is None or latest_checkpoint(Path(config.run_dir)) is not None:
         return
     check_compatible(resolve_resume_source(config.resume_from, Path(config.run_dir)), config)

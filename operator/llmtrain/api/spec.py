@@ -25,7 +25,7 @@ from llmtrain.api.base import (
     metadata_keys_rule,
 )
 from llmtrain.api.pod_template import PodTemplateOverlay
-from llmtrain.api.trainer_spec import TrainerSpec
+from llmtrain.api.trainer_spec import HF_SEED_UNSUPPORTED, TrainerSpec
 from llmtrain.constants import CONFIG_DIR, DEFAULT_MOUNT_PATH
 from llmtrain.quantity import parse_quantity
 
@@ -748,6 +748,12 @@ class LLMTrainingJobSpec(ApiModel):
                     "trainer.type huggingface with strategy.type fsdp needs GPUs; use strategy.type "
                     "ddp on CPU workers",
                     ".strategy.type",
+                ),
+                cel(
+                    "!has(self.resumeFrom) || !has(self.resumeFrom.checkpoint) || "
+                    "!has(self.trainer.type) || self.trainer.type != 'huggingface'",
+                    HF_SEED_UNSUPPORTED,
+                    ".resumeFrom.checkpoint",
                 ),
                 cel(
                     f"!(self.network.ncclProfile in {_FABRIC_LIST}) || self.resources.gpusPerWorker > 0",

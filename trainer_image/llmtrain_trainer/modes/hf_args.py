@@ -111,5 +111,13 @@ def training_arguments(config: TrainerConfig, output_dir: Path, evaluate: bool) 
         "eval_steps": config.checkpoint.every_steps if evaluate else None,
         **strategy_arguments(config),
     }
-    defaults = {"report_to": "none", "disable_tqdm": True}
+    defaults = {
+        "report_to": "none",
+        "disable_tqdm": True,
+        # num_input_tokens_seen in the logs: tokens/s in the progress records (ProgressToSinks).
+        # Packed rows are all tokens; padded ones are counted by their attention mask.
+        "include_num_input_tokens_seen": (
+            "all" if config.dataset.format == "text" and config.dataset.packing else "non_padding"
+        ),
+    }
     return TrainingArguments(**{**defaults, **passed, **derived})
