@@ -42,6 +42,8 @@ def train(ctx: Any) -> None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start = state["step"]
+    elif (seed := ctx.load_seed()) is not None:  # resumeFrom.checkpoint: its weights, from step 0
+        model.load_state_dict(seed["model"])
     ddp = DistributedDataParallel(model)
 
     tokenizer = load_tokenizer(spec.model)
@@ -58,7 +60,13 @@ def train(ctx: Any) -> None:
         optimizer.step()
         mean = loss.detach().clone()
         dist.all_reduce(mean)
-        ctx.report(step, loss=float(mean) / ctx.world_size, learning_rate=training.learning_rate)
+        # tokens_seen (all ranks): the platform derives tokens/s for the status from it.
+        ctx.report(
+            step,
+            loss=float(mean) / ctx.world_size,
+            learning_rate=training.learning_rate,
+            tokens_seen=step * batch * ctx.world_size * data.shape[1],
+        )
         if step % spec.checkpoint.every_steps == 0 or step == steps:
             ctx.save_checkpoint(
                 step, {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}

@@ -212,3 +212,31 @@ def test_docs_link_targets_exist() -> None:
     for target in ("docs/argocd.md", "tests/e2e/run.sh", "examples/tiny-cpu.yaml"):
         assert target in README
         assert (Path(ROOT) / target).exists(), target
+
+
+def _cel_rules(node: Any) -> list[str]:
+    """Every x-kubernetes-validations rule in a schema, depth first."""
+    if isinstance(node, dict):
+        own = [r["rule"] for r in node.get("x-kubernetes-validations", [])]
+        return own + [rule for value in node.values() for rule in _cel_rules(value)]
+    if isinstance(node, list):
+        return [rule for value in node for rule in _cel_rules(value)]
+    return []
+
+
+def test_root_readme_says_where_reserved_hf_args_are_refused() -> None:
+    """The API server's CEL cannot type the free-form trainer.huggingface.args, so the models
+    (`llmtrain validate`, the operator) refuse the platform's keys: the README must not list that
+    rule among the API server's, nor say the CRD refuses them, while the CRD has no such rule."""
+    readme = " ".join((Path(ROOT) / "README.md").read_text().split())
+    crd_rules = _cel_rules(yaml.safe_load(CRD_PATH.read_text()))
+    cel_part = readme.split("Rules checked by the API server (CEL)")[1].split("what KubeRay or the kubelet")[
+        0
+    ]
+    models_part = readme.split("`llmtrain validate` and the operator also refuse")[1].split(
+        "The spec is immutable"
+    )[0]
+    if not any("huggingface.args" in rule for rule in crd_rules):
+        assert "trainer.huggingface.args" not in cel_part, "the CRD has no CEL rule on huggingface.args"
+        assert "refused by the CRD" not in readme
+        assert "`trainer.huggingface.args` the platform owns" in models_part

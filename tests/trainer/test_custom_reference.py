@@ -4,9 +4,15 @@ Ray worker starts, with a message naming the reference."""
 
 from __future__ import annotations
 
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
+from llmtrain_trainer.kube_progress import API_SERVER_ENV
 from llmtrain_trainer.main import main
 
 from tests.trainer.helpers import tiny_config, write_config
@@ -110,3 +116,108 @@ def test_llmtrain_run_names_a_bad_reference_before_training(
     assert run_local(tmp_path / "job.yaml", tmp_path / "runs") == 2
     out = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
     assert "trainer.custom.function 'tiny_train:missing'" in out and "has no 'missing'" in out, out
+
+
+@pytest.fixture
+def api_server() -> Iterator[tuple[str, list[tuple[str, dict[str, Any]]]]]:
+    """A stand-in for the API server's status endpoint: records every PATCH (path, body)."""
+    patches: list[tuple[str, dict[str, Any]]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_PATCH(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            patches.append((self.path, json.loads(body)))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", patches
+    finally:
+        server.shutdown()
+        thread.join()
+
+
+def test_a_preflight_error_reaches_the_job_status(
+    tmp_path: Path,
+    code: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    api_server: tuple[str, list[tuple[str, dict[str, Any]]]],
+) -> None:
+    """In a cluster the entrypoint's stderr is only in the RayJob's logs: the reason a run cannot
+    start goes to status.progress.error, as a training failure's root cause does."""
+    url, patches = api_server
+    monkeypatch.setenv(API_SERVER_ENV, url)
+    config = tiny_config(
+        tmp_path / "runs",
+        "bad-ref",
+        trainer={"type": "custom", "custom": {"function": "user_train:nope", "path": str(code)}},
+        progress={"reportToKubernetes": True},
+    )
+    assert main(["--config", str(write_config(config, tmp_path / "c.json"))]) == 2
+    errors = [(path, body["status"]["progress"].get("error")) for path, body in patches]
+    assert errors, "nothing was reported"
+    path, error = errors[-1]
+    assert path.endswith("/namespaces/test/llmtrainingjobs/bad-ref/status"), path
+    assert error is not None and "trainer.custom.function 'user_train:nope'" in error, error
+
+
+def test_a_function_from_the_trainer_image_needs_no_path(
+    tmp_path: Path, code: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without trainer.custom.path the module is imported as installed in the image (here: a folder
+    on sys.path standing in for site-packages); preflight and the workers resolve the same function."""
+    import importlib
+
+    from llmtrain.api.trainer_spec import CustomTrainerSpec
+    from llmtrain_trainer.modes.reference import resolve
+    from llmtrain_trainer.preflight import check
+
+    monkeypatch.syspath_prepend(str(code))
+    spec = CustomTrainerSpec(function="user_train:train")
+    assert spec.path is None
+    assert resolve(spec) is importlib.import_module("user_train").train
+    check(
+        tiny_config(
+            tmp_path / "r", "image", trainer={"type": "custom", "custom": {"function": "user_train:train"}}
+        )
+    )
+
+
+def test_a_missing_module_without_path_names_the_image(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tiny_config(
+        tmp_path / "runs",
+        "image",
+        trainer={"type": "custom", "custom": {"function": "not_in_image_xyz:train"}},
+    )
+    assert main(["--config", str(write_config(config, tmp_path / "c.json"))]) == 2
+    assert "no module named 'not_in_image_xyz' in the trainer image" in capsys.readouterr().err
+
+
+def test_hf_mode_refuses_a_weights_only_resume_from(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CRD refuses it too (CEL); a TrainerConfig written by hand or by an older operator still
+    fails before workers start, naming spec.resumeFrom and what to use instead."""
+    seed = tmp_path / "seeds" / "checkpoint-step-00000010"
+    seed.mkdir(parents=True)
+    config = tiny_config(
+        tmp_path / "runs",
+        "hf",
+        strategy={"type": "ddp"},
+        trainer={"type": "huggingface"},
+        resumeFrom={"runsRoot": str(tmp_path / "runs"), "checkpoint": str(seed)},
+    )
+    assert main(["--config", str(write_config(config, tmp_path / "c.json"))]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "spec.resumeFrom.checkpoint (weights only) is not supported with trainer.type huggingface" in err
+    assert "use resumeFrom.run" in err

@@ -93,3 +93,58 @@ def test_a_checkpoint_of_another_shape_is_refused_naming_the_difference(tmp_path
         check_compatible(
             resolve(ResumeSource(runs_root=runs, checkpoint=str(zero3_checkpoint)), tmp_path), zero3
         )
+
+
+def test_a_checkpoint_of_another_trainer_is_refused_naming_both(tmp_path: Path) -> None:
+    """The Hugging Face Trainer's files, a custom function's state.pt and the built-in loop's DCP
+    shards are not interchangeable; the built-in loop's checkpoints name no trainer."""
+    runs = str(tmp_path)
+    builtin = checkpoint(tmp_path / "job" / "uid-b", 6)
+    custom = checkpoint(tmp_path / "job" / "uid-c", 6)
+    state = json.loads((custom / STATE_FILE).read_text())
+    (custom / STATE_FILE).write_text(json.dumps({**state, "trainer": "custom"}))
+    custom_job = tiny_config(tmp_path, "x", trainer={"type": "custom", "custom": {"function": "m:f"}})
+    hf_job = tiny_config(tmp_path, "x", strategy={"type": "ddp"}, trainer={"type": "huggingface"})
+
+    check_compatible(resolve(ResumeSource(runs_root=runs, run="uid-c"), tmp_path / "own"), custom_job)
+    with pytest.raises(
+        ResumeFromError,
+        match=r"resumeFrom run uid-b .* was written by trainer.type builtin \(this job: custom\)",
+    ):
+        check_compatible(resolve(ResumeSource(runs_root=runs, run="uid-b"), tmp_path / "own"), custom_job)
+    with pytest.raises(ResumeFromError, match=r"trainer.type custom \(this job: huggingface\)"):
+        check_compatible(resolve(ResumeSource(runs_root=runs, run="uid-c"), tmp_path / "own"), hf_job)
+    check_compatible(
+        resolve(ResumeSource(runs_root=runs, checkpoint=str(builtin)), tmp_path / "own"),
+        tiny_config(tmp_path, "x"),
+    )
+
+
+@pytest.mark.parametrize("source", ["run", "checkpoint"])
+def test_a_mode_run_starts_where_resume_from_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str
+) -> None:
+    """Custom and Hugging Face modes: on a first attempt (no checkpoint of its own) resumeFrom.run
+    becomes the checkpoint to resume from, at its step; resumeFrom.checkpoint only a seed."""
+    import ray.train
+    import torch
+    from llmtrain_trainer.distributed import WorkerEnv
+    from llmtrain_trainer.modes.run import ModeRun
+
+    monkeypatch.setattr(ray.train, "get_checkpoint", lambda: None)  # the run's first attempt
+    earlier = tmp_path / "job" / "uid-a"
+    checkpoint(earlier, 10)
+    latest = checkpoint(earlier, 20)
+    resume_from = {"runsRoot": str(tmp_path), source: "job/uid-a" if source == "run" else str(latest)}
+    config = tiny_config(
+        tmp_path / "job",
+        "uid-b",
+        trainer={"type": "custom", "custom": {"function": "m:f"}},
+        resumeFrom=resume_from,
+    )
+    run = ModeRun(config, WorkerEnv(1, 2, 1, torch.device("cpu")), Path(config.run_dir), log_lines=False)
+    if source == "run":
+        assert (run.resume_checkpoint, run.resume_step, run.seed_checkpoint) == (latest, 20, None)
+    else:
+        assert (run.resume_checkpoint, run.resume_step, run.seed_checkpoint) == (None, None, latest)
+    assert run.seeded_from is not None and str(latest) in run.seeded_from

@@ -19,6 +19,7 @@ from llmtrain_trainer.kube_progress import progress_fields
 from llmtrain_trainer.local import load_job_config
 from llmtrain_trainer.loop import LoopOptions
 from llmtrain_trainer.main import run_training
+from llmtrain_trainer.preflight import check
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.trainer.helpers import REPO, losses, records, result, tiny_config
@@ -118,6 +119,120 @@ def test_progress_reaches_the_status(run: tuple[TrainerConfig, dict[str, int]]) 
     assert state["step"] == STEPS and state["summary"] == f"{STEPS}/{STEPS}"
     assert state["loss"] < 0.7 * losses(config)[1]
     assert len(set(seen)) > STEPS // 2
+    # Throughput from the tokens each mode reports (HF: the Trainer's num_input_tokens_seen;
+    # custom: the example's tokens_seen), on every step record but an attempt's first.
+    steps = [r for r in records(config) if r.event == "step"]
+    rates = [r.tokens_per_second for r in steps if r.tokens_per_second is not None]
+    assert len(rates) >= STEPS - 4 and min(rates) > 0, rates
+    assert state["tokensPerSecond"] > 0 and state["etaSeconds"] == 0
+
+
+@pytest.mark.parametrize("mode", list(EXAMPLES))
+def test_resume_from_run_continues_another_run(
+    mode: str,
+    killed_run: Callable[[str], tuple[TrainerConfig, dict[str, int]]],
+    tmp_path: Path,
+) -> None:
+    """spec.resumeFrom.run in the Hugging Face and custom modes: a new job starts at the other
+    run's latest checkpoint, with its state (the loss does not start over), and trains on."""
+    earlier, _ = killed_run(mode)
+    earlier_dir = Path(earlier.run_dir)
+    document = earlier.model_dump(mode="json", by_alias=True)
+    document.update(
+        job={"name": "continued", "namespace": "test"},
+        runName="uid-continued",
+        storagePath=str(earlier_dir.parent.parent / "continued"),
+        maxWorkerFailures=0,
+        resumeFrom={
+            "runsRoot": str(earlier_dir.parent.parent),
+            "run": f"{earlier_dir.parent.name}/{earlier_dir.name}",
+        },
+    )
+    document["training"]["maxSteps"] = STEPS + EVERY
+    document["checkpoint"]["export"] = False
+    continued = TrainerConfig.model_validate(document)
+    check(continued)  # what the entrypoint checks first: the other run's checkpoint fits this job
+    run_training(continued, LoopOptions(log_lines=False))
+    events = records(continued)
+    assert [r.step for r in events if r.event == "resumed"] == [STEPS]
+    assert not any(r.event == "started" for r in events)
+    curve = losses(continued)
+    assert sorted(curve) == list(range(STEPS + 1, STEPS + EVERY + 1))
+    assert curve[STEPS + 1] < 0.7 * losses(earlier)[1], "it went on from the trained weights"
+    done = result(continued)
+    assert done["resumed_from_step"] == STEPS and str(earlier_dir) in done["resume_from"]
+    assert Path(done["checkpoint"]).parent == Path(continued.run_dir)
+
+
+def test_custom_function_starts_from_a_seed_checkpoint(
+    killed_run: Callable[[str], tuple[TrainerConfig, dict[str, int]]], tmp_path: Path
+) -> None:
+    """spec.resumeFrom.checkpoint in the custom mode: the function gets it as seed_checkpoint and
+    (examples/custom/tiny_train.py) takes its weights, starting at step 0 with a fresh optimizer."""
+    earlier, _ = killed_run("custom")
+    seed = Path(result(earlier)["checkpoint"])
+    document = earlier.model_dump(mode="json", by_alias=True)
+    document.update(
+        job={"name": "seeded", "namespace": "test"},
+        runName="uid-seeded",
+        storagePath=str(tmp_path / "seeded"),
+        maxWorkerFailures=0,
+        resumeFrom={"runsRoot": str(tmp_path), "checkpoint": str(seed)},
+    )
+    document["training"]["maxSteps"] = EVERY
+    document["checkpoint"]["export"] = False
+    seeded = TrainerConfig.model_validate(document)
+    check(seeded)
+    run_training(seeded, LoopOptions(log_lines=False))
+    events = records(seeded)
+    started = [r for r in events if r.event == "started"]
+    assert len(started) == 1 and not any(r.event == "resumed" for r in events)
+    assert started[0].message is not None and str(seed) in started[0].message
+    curve = losses(seeded)
+    assert sorted(curve) == list(range(1, EVERY + 1))
+    assert curve[1] < 0.7 * losses(earlier)[1], "step 1 already has the seed's trained weights"
+    assert result(seeded)["resumed_from_step"] is None
+
+
+def test_hf_lora_export_merges_on_request(ray_address: str, tmp_path: Path) -> None:
+    """method.lora.mergeOnExport in the Hugging Face mode: `export/` holds the adapters and
+    `export/merged/` a plain model that computes what base + adapters compute."""
+    from llmtrain.api.spec import ModelSpec
+    from llmtrain_trainer.model import build_from_config, model_config
+    from peft import PeftModel
+
+    from tests.trainer.helpers import TINY_LLAMA
+
+    config = tiny_config(
+        tmp_path,
+        "hf-lora",
+        strategy={"type": "ddp"},
+        trainer={"type": "huggingface"},
+        method={"type": "lora", "lora": {"rank": 8, "alpha": 16, "mergeOnExport": True}},
+        training={"maxSteps": EVERY},
+        checkpoint={"everySteps": EVERY, "export": True},
+    )
+    run_training(config, LoopOptions(log_lines=False))
+    export = Path(config.export_dir)
+    assert (export / "adapter_config.json").exists()
+    merged = AutoModelForCausalLM.from_pretrained(export / "merged")
+    assert type(merged).__name__ == "LlamaForCausalLM"
+    assert not any("lora" in name for name in merged.state_dict())
+
+    def base() -> torch.nn.Module:  # the HF mode's inline model: seeded, so rebuilt identically
+        spec = ModelSpec(config=TINY_LLAMA, tokenizer="byte-level")
+        return build_from_config(model_config(spec), torch.float32, meta=False, seed=config.training.seed)
+
+    adapted = PeftModel.from_pretrained(base(), export)
+    ids = AutoTokenizer.from_pretrained(export / "merged")("Tom had a red ball.", return_tensors="pt")[
+        "input_ids"
+    ]
+    with torch.no_grad():
+        expected = adapted(input_ids=ids).logits
+        got = merged(input_ids=ids).logits
+        untrained = base()(input_ids=ids).logits
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(got, untrained, atol=1e-4), "the adapters were trained and merged"
 
 
 def test_export_loads_and_is_trained(run: tuple[TrainerConfig, dict[str, int]]) -> None:

@@ -447,6 +447,16 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
         "strategy.type",
         True,
     ),
+    (
+        "hf-resume-from-checkpoint",
+        with_path(
+            with_path(BASE, "spec.trainer", {"type": "huggingface"}),
+            "spec.resumeFrom",
+            {"checkpoint": "runs/old/1234/checkpoint-step-00000100"},
+        ),
+        "spec.resumeFrom.checkpoint",
+        True,
+    ),
     # Inside the inline model config (preserve-unknown in the CRD): the API server accepts these;
     # `llmtrain validate` and the operator refuse them before anything is created.
     ("config-without-model-type", inline_config(model_type=None), "model.config.model_type", False),

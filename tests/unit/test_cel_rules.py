@@ -114,6 +114,24 @@ CASES: dict[str, list[tuple[Any, Any, Any]]] = {
             None,
         ),
     ],
+    "!has(self.resumeFrom) || !has(self.resumeFrom.checkpoint) || "
+    "!has(self.trainer.type) || self.trainer.type != 'huggingface'": [
+        (
+            {"trainer": {"type": "huggingface"}, "resumeFrom": {"run": "old/uid"}},
+            {"trainer": {"type": "huggingface"}, "resumeFrom": {"checkpoint": "seeds/a"}},
+            None,
+        ),
+        (
+            {"trainer": {"type": "custom"}, "resumeFrom": {"checkpoint": "seeds/a"}},
+            {"trainer": {"type": "huggingface"}, "resumeFrom": {"checkpoint": "seeds/a"}},
+            None,
+        ),
+        (
+            {"trainer": {}, "resumeFrom": {"checkpoint": "seeds/a"}},
+            {"trainer": {"type": "huggingface"}, "resumeFrom": {"checkpoint": "seeds/a"}},
+            None,
+        ),
+    ],
     "self.metadata.name.size() <= 47": [
         ({"metadata": {"name": "a" * 47}}, {"metadata": {"name": "a" * 48}}, None)
     ],

@@ -91,7 +91,7 @@ def _write(
     max_shard_bytes: int,
 ) -> bool:
     """Everything but the atomic rename; returns whether a merged model was written."""
-    skeleton = _skeleton(hf_config, method)  # on the meta device: names, LoRA scalings, configs
+    skeleton = meta_skeleton(hf_config, method)  # on the meta device: names, LoRA scalings, configs
     if method.type != "lora":
         _stream_model(tensors, skeleton, {}, staging, dtype, max_shard_bytes)
         if staging is not None:
@@ -118,7 +118,8 @@ def _write(
     return merge
 
 
-def _skeleton(hf_config: PretrainedConfig, method: MethodSpec) -> nn.Module:
+def meta_skeleton(hf_config: PretrainedConfig, method: MethodSpec) -> nn.Module:
+    """The model as trained (LoRA-wrapped for method lora) with every parameter on the meta device."""
     model: nn.Module = models.build_from_config(hf_config, torch.float32, meta=True, seed=0)
     with models.parameters_on_meta():
         return models.apply_lora(model, method)

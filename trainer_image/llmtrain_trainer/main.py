@@ -119,9 +119,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = load_config(args.config)
-        check(config)
-    except (ConfigError, PreflightError) as exc:
+    except ConfigError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        check(config)
+    except PreflightError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        report_failure(config, str(exc))  # e.g. a bad trainer.custom.function, in the job status
         return 2
 
     import ray

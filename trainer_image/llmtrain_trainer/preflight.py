@@ -15,6 +15,7 @@ import torch
 from llmtrain import memory
 from llmtrain.api.spec import LoraSpec
 from llmtrain.api.trainer_config import TrainerConfig
+from llmtrain.api.trainer_spec import HF_SEED_UNSUPPORTED
 from transformers import PretrainedConfig
 
 from llmtrain_trainer import model as models
@@ -128,6 +129,12 @@ def _check_storage(storage: Path) -> None:
 def _check_resume_from(config: TrainerConfig) -> None:
     """A missing or unloadable resumeFrom target fails here, unless the run already has its own
     checkpoints (a retry), which it then resumes instead."""
+    if (
+        config.resume_from is not None
+        and config.resume_from.checkpoint
+        and config.trainer.type == "huggingface"
+    ):
+        raise PreflightError(HF_SEED_UNSUPPORTED)
     if config.resume_from is None or latest_checkpoint(Path(config.run_dir)) is not None:
         return
     check_compatible(resolve_resume_source(config.resume_from, Path(config.run_dir)), config)
@@ -139,6 +146,9 @@ def _check_trainer(config: TrainerConfig) -> None:
     trainer = config.trainer
     if trainer.type == "custom" and trainer.custom is not None:
         resolve_custom_function(trainer.custom)
+    # accelerate (1.15, AcceleratorState.__init__) keeps the FSDP plugin only for GPU-class
+    # distributed types; use_cpu gives MULTI_CPU, so the Trainer would silently drop FSDP and run
+    # plain DDP while the job says strategy fsdp. The CRD refuses the same (CEL on spec).
     if trainer.type == "huggingface" and config.strategy.type == "fsdp" and not config.scaling.use_gpu:
         raise PreflightError(
             "trainer.type huggingface with strategy.type fsdp needs GPUs; "

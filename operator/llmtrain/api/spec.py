@@ -25,7 +25,7 @@ from llmtrain.api.base import (
     metadata_keys_rule,
 )
 from llmtrain.api.pod_template import PodTemplateOverlay
-from llmtrain.api.trainer_spec import TrainerSpec
+from llmtrain.api.trainer_spec import HF_SEED_UNSUPPORTED, TrainerSpec
 from llmtrain.constants import CONFIG_DIR, DEFAULT_MOUNT_PATH
 from llmtrain.quantity import parse_quantity
 
@@ -768,6 +768,12 @@ class LLMTrainingJobSpec(ApiModel):
                     "x resources.gpusPerWorker, or resources.workers on CPU): set it to "
                     "resources.gpusPerWorker to shard within each node",
                     ".strategy.fsdp.hybridShardSize",
+                ),
+                cel(
+                    "!has(self.resumeFrom) || !has(self.resumeFrom.checkpoint) || "
+                    "!has(self.trainer.type) || self.trainer.type != 'huggingface'",
+                    HF_SEED_UNSUPPORTED,
+                    ".resumeFrom.checkpoint",
                 ),
                 cel(
                     f"!(self.network.ncclProfile in {_FABRIC_LIST}) || self.resources.gpusPerWorker > 0",

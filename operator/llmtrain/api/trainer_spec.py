@@ -66,6 +66,13 @@ HF_PLATFORM_ARGS: tuple[str, ...] = (
     "logging_dir",
 )
 HF_RESERVED_ARGS: tuple[str, ...] = (*HF_DERIVED_ARGS, *HF_PLATFORM_ARGS)
+# The Hugging Face mode continues a run (resumeFrom.run: the Trainer's own resume_from_checkpoint)
+# but has no weights-only start: the CRD's CEL and the trainer's preflight say so in these words.
+HF_SEED_UNSUPPORTED = (
+    "spec.resumeFrom.checkpoint (weights only) is not supported with trainer.type huggingface: use "
+    "resumeFrom.run to continue a Hugging Face Trainer run with all its state, or trainer.type "
+    "builtin or custom to start from a checkpoint's weights"
+)
 
 
 class HuggingFaceTrainerSpec(ApiModel):

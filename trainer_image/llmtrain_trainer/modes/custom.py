@@ -47,6 +47,9 @@ class TrainContext:
     """The latest complete checkpoint directory to continue from, or None on a fresh start."""
     resume_step: int | None
     """The step that checkpoint was saved at, or None."""
+    seed_checkpoint: Path | None
+    """spec.resumeFrom.checkpoint on a run's first attempt: a checkpoint directory whose weights to
+    start from (with a fresh optimizer, at step 0), or None. resumeFrom.run sets resume_checkpoint."""
     rank: int
     world_size: int
     local_rank: int
@@ -62,7 +65,8 @@ class TrainContext:
 
     def report(self, step: int, loss: float | None = None, **metrics: float) -> None:
         """Record progress at `step` (loss and any of REPORTABLE) for the log, metrics.jsonl and
-        the job's status.progress."""
+        the job's status.progress. With `tokens_seen` (all ranks' tokens so far) the platform
+        measures tokens/s between reports, unless `tokens_per_second` is given."""
         unknown = sorted(set(metrics) - set(REPORTABLE))
         if unknown:
             raise TypeError(f"report() got unknown metrics {unknown}; known: {list(REPORTABLE)}")
@@ -87,11 +91,17 @@ class TrainContext:
 
     def load_checkpoint(self, map_location: str | torch.device = "cpu") -> Any | None:
         """What `save_checkpoint` saved in the resume checkpoint, or None on a fresh start."""
-        if self.resume_checkpoint is None:
-            return None
-        return torch.load(
-            self.resume_checkpoint / STATE_FILE_NAME, map_location=map_location, weights_only=False
-        )
+        return _load_state(self.resume_checkpoint, map_location)
+
+    def load_seed(self, map_location: str | torch.device = "cpu") -> Any | None:
+        """What `save_checkpoint` saved in the seed checkpoint (take its weights), or None."""
+        return _load_state(self.seed_checkpoint, map_location)
+
+
+def _load_state(directory: Path | None, map_location: str | torch.device) -> Any | None:
+    if directory is None:
+        return None
+    return torch.load(directory / STATE_FILE_NAME, map_location=map_location, weights_only=False)
 
 
 def run_custom(config: TrainerConfig, env: WorkerEnv, run_dir: Path, log_lines: bool) -> None:
@@ -109,6 +119,7 @@ def run_custom(config: TrainerConfig, env: WorkerEnv, run_dir: Path, log_lines: 
             export_dir=run.export_dir,
             resume_checkpoint=run.resume_checkpoint,
             resume_step=run.resume_step,
+            seed_checkpoint=run.seed_checkpoint,
             rank=env.rank,
             world_size=env.world_size,
             local_rank=env.local_rank,

@@ -1,9 +1,11 @@
 """The spec → `transformers.TrainingArguments` for trainer.type huggingface.
 
 Everything the spec already says (hyperparameters, precision, strategy, logging and checkpoint
-cadence) is derived here; `trainer.huggingface.args` adds the rest. The CRD refuses pass-through
-keys the platform owns (llmtrain.api.trainer_spec.HF_RESERVED_ARGS); preflight refuses keys the
-installed transformers does not know, so a typo fails before any worker starts.
+cadence) is derived here; `trainer.huggingface.args` adds the rest. Pass-through keys the platform
+owns (llmtrain.api.trainer_spec.HF_RESERVED_ARGS) are refused by the spec's model, i.e. by
+`llmtrain validate` and by the operator (the API server's CEL cannot type the free-form map, so
+`kubectl apply` accepts them); preflight refuses keys the installed transformers does not know, so a
+typo fails before any worker starts.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ _CHECKPOINTING = (
 )
 
 
+FSDP_CHECKPOINT_STATE_DICT = "SHARDED_STATE_DICT"
+FSDP_EXPORT_STATE_DICT = "FULL_STATE_DICT"
+
+
 def unknown_arguments(args: dict[str, Any]) -> list[str]:
     return sorted(k for k in args if k not in _FIELDS)
 
@@ -37,7 +43,20 @@ def strategy_arguments(config: TrainerConfig) -> dict[str, Any]:
         fsdp = strategy.fsdp
         options = "full_shard auto_wrap" + (" offload" if fsdp is not None and fsdp.cpu_offload else "")
         reshard = fsdp.reshard_after_forward if fsdp is not None else True
-        return {"fsdp": options, "fsdp_config": {"version": 2, "reshard_after_forward": reshard}}
+        fsdp_config = {
+            "version": 2,
+            "reshard_after_forward": reshard,
+            # accelerate shards rank 0's weights and broadcasts them (fsdp2_load_full_state_dict):
+            # the model is moved to meta before fully_shard, so no rank holds a full copy on its GPU.
+            "cpu_ram_efficient_loading": True,
+            # Checkpoints as one DCP shard per rank: the FULL_STATE_DICT default would gather the
+            # whole model on rank 0 at every save. The export switches to a full state dict.
+            "state_dict_type": FSDP_CHECKPOINT_STATE_DICT,
+            # With FSDP, checkpointing inside the FSDP units saves the extra all-gather of the
+            # TrainingArguments' own activation_checkpointing (transformers' fsdp_config docs).
+            "activation_checkpointing": config.training.gradient_checkpointing,
+        }
+        return {"fsdp": options, "fsdp_config": fsdp_config}
     if strategy.type == "deepspeed":
         ds = strategy.deepspeed
         stage = ds.zero_stage if ds is not None else 3
@@ -77,7 +96,8 @@ def training_arguments(config: TrainerConfig, output_dir: Path, evaluate: bool) 
         "weight_decay": training.weight_decay,
         "max_grad_norm": training.max_grad_norm,
         "lr_scheduler_type": SCHEDULERS[training.lr_scheduler],
-        _CHECKPOINTING: training.gradient_checkpointing,
+        # Under FSDP it is fsdp_config's activation_checkpointing instead (strategy_arguments).
+        _CHECKPOINTING: training.gradient_checkpointing and config.strategy.type != "fsdp",
         "seed": training.seed,
         "bf16": on_gpu and training.precision == "bf16",
         "fp16": on_gpu and training.precision == "fp16",
@@ -91,5 +111,13 @@ def training_arguments(config: TrainerConfig, output_dir: Path, evaluate: bool) 
         "eval_steps": config.checkpoint.every_steps if evaluate else None,
         **strategy_arguments(config),
     }
-    defaults = {"report_to": "none", "disable_tqdm": True}
+    defaults = {
+        "report_to": "none",
+        "disable_tqdm": True,
+        # num_input_tokens_seen in the logs: tokens/s in the progress records (ProgressToSinks).
+        # Packed rows are all tokens; padded ones are counted by their attention mask.
+        "include_num_input_tokens_seen": (
+            "all" if config.dataset.format == "text" and config.dataset.packing else "non_padding"
+        ),
+    }
     return TrainingArguments(**{**defaults, **passed, **derived})

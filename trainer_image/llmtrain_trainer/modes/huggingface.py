@@ -6,7 +6,9 @@ tokenized sequences) and derives the TrainingArguments from the spec (hf_args.py
 each Hugging Face checkpoint into `checkpoint-step-N/checkpoint/` in the run directory and registers
 it with Ray Train, so a restart resumes the Trainer from it (`resume_from_checkpoint`), optimizer,
 schedule, RNG and data position included. `ProgressToSinks` feeds the Trainer's logs into the same
-progress records as the built-in loop. The export is `Trainer.save_model` plus the tokenizer.
+progress records as the built-in loop, tokens/s from the Trainer's `num_input_tokens_seen`. The
+export is `Trainer.save_model` plus the tokenizer; with LoRA and `mergeOnExport` also the merged
+model in `export/merged/`, as the built-in export lays it out.
 """
 
 from __future__ import annotations
@@ -17,16 +19,19 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from llmtrain.api.spec import LoraSpec
 from llmtrain.api.trainer_config import TrainerConfig
+from peft import PeftModel
 from ray.train.huggingface.transformers import RayTrainReportCallback, prepare_trainer
-from transformers import Trainer, TrainerCallback
+from transformers import PreTrainedModel, Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 
 from llmtrain_trainer import model as models
 from llmtrain_trainer.data import build_sequences, collate
 from llmtrain_trainer.distributed import WorkerEnv, rank_zero_first
+from llmtrain_trainer.export import MERGED_DIR, meta_skeleton
 from llmtrain_trainer.metrics import MetricsRecord
-from llmtrain_trainer.modes.hf_args import training_arguments
+from llmtrain_trainer.modes.hf_args import FSDP_EXPORT_STATE_DICT, training_arguments
 from llmtrain_trainer.modes.run import ModeRun
 from llmtrain_trainer.tokenizer import load_tokenizer
 from llmtrain_trainer.weights import fetch_weights
@@ -87,13 +92,14 @@ class ProgressToSinks(TrainerCallback):  # type: ignore[misc]
                 )
             )
         if "loss" in logs:
-            epoch = logs.get("epoch")
+            epoch, tokens = logs.get("epoch"), logs.get("num_input_tokens_seen")
             self.run.step(
                 state.global_step,
                 float(logs["loss"]),
                 learning_rate=logs.get("learning_rate"),
                 grad_norm=logs.get("grad_norm"),
                 epoch=None if epoch is None else int(epoch),
+                tokens_seen=None if tokens is None else int(tokens),
             )
 
 
@@ -125,18 +131,44 @@ def _staging(run_dir: Path, env: WorkerEnv) -> Path:
 
 
 def export(trainer: Trainer, tokenizer: Any, run: ModeRun) -> None:
-    """save_model into a staging folder (a collective under FSDP/DeepSpeed), renamed into place."""
+    """save_model into a staging folder (a collective under FSDP/DeepSpeed), renamed into place.
+    LoRA: `export/` holds the adapters and, with method.lora.mergeOnExport, `export/merged/` the base
+    model with them merged in, the layout of the built-in loop's export."""
     staging = run.run_dir / ".export-staging"
     if run.env.is_main:
         shutil.rmtree(staging, ignore_errors=True)
     dist.barrier()
+    if trainer.is_fsdp_enabled:  # checkpoints are sharded; Trainer.save_model writes none of those
+        trainer.accelerator.state.fsdp_plugin.set_state_dict_type(FSDP_EXPORT_STATE_DICT)
     trainer.save_model(str(staging))
+    merged = merged_model(trainer, run.config, run.env.is_main)
     dist.barrier()
     if run.env.is_main:
         tokenizer.save_pretrained(str(staging))
+        if merged is not None:
+            merged.save_pretrained(str(staging / MERGED_DIR))
+            tokenizer.save_pretrained(str(staging / MERGED_DIR))
         shutil.rmtree(run.export_dir, ignore_errors=True)
         staging.rename(run.export_dir)
     dist.barrier()
+
+
+def merged_model(trainer: Trainer, config: TrainerConfig, is_main: bool) -> PreTrainedModel | None:
+    """With method.lora.mergeOnExport, rank 0's plain model: the base with the trained adapters
+    merged in. Every rank calls it (gathering the full state dict is a collective under FSDP and
+    DeepSpeed); the weights are loaded into a meta skeleton, so rank 0 holds one copy."""
+    if config.method.type != "lora" or not (config.method.lora or LoraSpec()).merge_on_export:
+        return None
+    state = trainer.accelerator.get_state_dict(trainer.model)
+    if not is_main:
+        return None
+    skeleton = meta_skeleton(models.model_config(config.model), config.method)
+    assert isinstance(skeleton, PeftModel)
+    skeleton.load_state_dict(state, assign=True)
+    merged = skeleton.merge_and_unload()
+    merged.tie_weights()  # assign=True loaded tied weights as two tensors
+    assert isinstance(merged, PreTrainedModel)
+    return merged
 
 
 def run_huggingface(config: TrainerConfig, env: WorkerEnv, run_dir: Path, log_lines: bool) -> None:

@@ -22,8 +22,10 @@ from llmtrain.constants import EXPORT_DIR
 
 from llmtrain_trainer import checkpoint
 from llmtrain_trainer.distributed import WorkerEnv
-from llmtrain_trainer.metrics import MetricsRecord
+from llmtrain_trainer.metrics import MetricsRecord, eta_seconds
 from llmtrain_trainer.progress import FanOut, open_sinks
+from llmtrain_trainer.resume_from import resolve as resolve_resume_source
+from llmtrain_trainer.resume_from import run_shape
 from llmtrain_trainer.rundir import RESULT_FILE, STATE_FILE, checkpoint_name, latest_checkpoint
 
 
@@ -39,25 +41,36 @@ class ModeRun:
         self.last_step = 0
         self.last_loss: float | None = None
         self.sinks: FanOut | None = open_sinks(config, run_dir, log_lines) if env.is_main else None
+        self.seed_checkpoint: Path | None = None
+        self.seeded_from: str | None = None
         self.resume_checkpoint, self.resume_step = self._resume_point()
+        self._throughput_mark: tuple[int, float] | None = None  # (tokens seen, time) at the last record
+        self._step_mark: tuple[int, float] | None = None  # (step, time) at the last step record
 
-    @staticmethod
-    def _resume_point() -> tuple[Path | None, int | None]:
-        """The latest reported checkpoint (a directory on the shared storage) and its step."""
+    def _resume_point(self) -> tuple[Path | None, int | None]:
+        """The latest reported checkpoint (a directory on the shared storage) and its step; on a
+        run's first attempt, spec.resumeFrom: `run` continues that run's latest checkpoint,
+        `checkpoint` only sets `seed_checkpoint` (its weights, for the code to load; step 0)."""
         reported = ray.train.get_checkpoint()
-        if reported is None:
+        if reported is not None:
+            with reported.as_directory() as path:  # on mounted storage: the stored directory itself
+                return Path(path), _step_of(Path(path))
+        if self.config.resume_from is None:
             return None, None
-        with reported.as_directory() as path:  # on mounted storage: the stored directory itself
-            directory = Path(path)
-        state_file = directory / STATE_FILE
-        step = int(json.loads(state_file.read_text())["step"]) if state_file.exists() else None
-        return directory, step
+        seed = resolve_resume_source(self.config.resume_from, self.run_dir)
+        self.seeded_from = seed.described
+        if not seed.full_state:
+            self.seed_checkpoint = seed.directory
+            return None, None
+        return seed.directory, _step_of(seed.directory)
 
     def emit(self, record: MetricsRecord) -> None:
         if self.sinks is not None:
             self.sinks.emit(record)
 
     def announce(self, message: str) -> None:
+        if self.seeded_from is not None:
+            message = f"{message}; resumeFrom {self.seeded_from}"
         if self.resume_step is not None:
             text = f"resumed at step {self.resume_step}; {message}"
             self.emit(MetricsRecord("resumed", self.resume_step, self.total_steps, message=text))
@@ -65,10 +78,25 @@ class ModeRun:
             self.emit(MetricsRecord("started", 0, self.total_steps, message=message))
 
     def step(self, step: int, loss: float | None, **metrics: Any) -> None:
+        """A step record; tokens/s (from `tokens_seen`, when not given) and the ETA are measured
+        between consecutive records, as the built-in loop measures them between its log steps."""
         self.last_step = step
         if loss is not None:
             self.last_loss = loss
-        self.emit(MetricsRecord("step", step, max(self.total_steps, step), loss=loss, **metrics))
+        now = time.perf_counter()
+        tokens_seen = metrics.get("tokens_seen")
+        if tokens_seen is not None:
+            if metrics.get("tokens_per_second") is None and self._throughput_mark is not None:
+                tokens, since = self._throughput_mark
+                if now > since and tokens_seen >= tokens:
+                    metrics["tokens_per_second"] = (tokens_seen - tokens) / (now - since)
+            self._throughput_mark = (int(tokens_seen), now)
+        total = max(self.total_steps, step)
+        if self._step_mark is not None and step > self._step_mark[0] and "eta_seconds" not in metrics:
+            seconds_per_step = (now - self._step_mark[1]) / (step - self._step_mark[0])
+            metrics["eta_seconds"] = eta_seconds(total - step, seconds_per_step)
+        self._step_mark = (step, now)
+        self.emit(MetricsRecord("step", step, total, loss=loss, **metrics))
 
     @contextmanager
     def checkpoint(self, step: int, metrics: dict[str, Any] | None = None) -> Iterator[Path]:
@@ -83,7 +111,13 @@ class ModeRun:
         yield directory
         dist.barrier()
         if self.env.is_main:
-            marker = {"step": step, "world_size": self.env.world_size, "trainer": self.config.trainer.type}
+            marker: dict[str, Any] = {
+                "step": step,
+                "world_size": self.env.world_size,
+                "trainer": self.config.trainer.type,
+            }
+            if self.config.trainer.type == "huggingface":  # its files depend on strategy and method
+                marker["shape"] = run_shape(self.config)
             (directory / STATE_FILE).write_text(json.dumps(marker) + "\n")
         checkpoint.report(directory, {"step": step, "loss": self.last_loss, **(metrics or {})}, self.env)
         self.emit(MetricsRecord("checkpoint", step, max(self.total_steps, step), path=str(directory)))
@@ -103,6 +137,7 @@ class ModeRun:
             "trainer": self.config.trainer.type,
             "steps": steps,
             "resumed_from_step": self.resume_step,
+            "resume_from": self.seeded_from,
             "checkpoint": str(latest) if latest else None,
             "export": export,
             "world_size": self.env.world_size,
@@ -114,3 +149,8 @@ class ModeRun:
     def close(self) -> None:
         if self.sinks is not None:
             self.sinks.close()
+
+
+def _step_of(directory: Path) -> int | None:
+    state_file = directory / STATE_FILE
+    return int(json.loads(state_file.read_text())["step"]) if state_file.exists() else None
