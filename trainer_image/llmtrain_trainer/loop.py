@@ -133,6 +133,8 @@ class TrainingRun:
         self.tokens_per_second: float | None = None
         self.seeded_from: str | None = None
         """spec.resumeFrom's checkpoint, when this attempt started from it."""
+        self.skipped_checkpoints: list[str] = []
+        """Newer checkpoints that could not be restored (incomplete or corrupt), with the reasons."""
 
     # -------------------------------------------------------------------------- set-up
 
@@ -147,7 +149,9 @@ class TrainingRun:
         # spec.resumeFrom applies only until the run has a checkpoint of its own.
         seed = None if resuming or config.resume_from is None else resolve(config.resume_from, self.run_dir)
         strategy = make_strategy(config, env, self.total, initial_weights=not resuming and seed is None)
-        state = checkpoint.restore(strategy, env)
+        restored = checkpoint.restore(strategy, env, self.run_dir)
+        state = restored.state if restored is not None else None
+        self.skipped_checkpoints = restored.skipped if restored is not None else []
         if seed is not None:
             state = checkpoint.load(strategy, seed.directory, env, weights_only=not seed.full_state)
             self.seeded_from = seed.described
@@ -178,6 +182,8 @@ class TrainingRun:
         )
         if self.seeded_from is not None:
             message = f"from {self.seeded_from}; {message}"
+        if self.skipped_checkpoints:
+            message = f"{message}; skipped unusable checkpoints: {'; '.join(self.skipped_checkpoints)}"
         if resumed_from is not None:
             self._emit(
                 MetricsRecord(
@@ -351,6 +357,7 @@ class TrainingRun:
             "steps": self.total,
             "resumed_from_step": resumed_from,
             "resume_from": self.seeded_from,
+            "skipped_checkpoints": self.skipped_checkpoints,
             "checkpoint": str(latest) if latest else None,
             "export": export,
             "train_seconds": self.train_seconds,
