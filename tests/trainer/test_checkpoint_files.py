@@ -140,7 +140,9 @@ def test_a_checkpoint_from_another_worker_count_is_refused_not_skipped(
     _checkpoint(run_dir, 10, world_size=2)
     latest = _checkpoint(run_dir, 20, world_size=2)
     _latest_is(monkeypatch, latest)
-    strategy = RecordingStrategy(broken=set(), reshardable=False)
+    from llmtrain_trainer.strategies.deepspeed import DeepSpeedStrategy
+
+    strategy = RecordingStrategy(broken=set(), reshardable=DeepSpeedStrategy.reshardable_checkpoints)
     with pytest.raises(
         checkpoint.IncompatibleCheckpoint, match=r"written by 2 workers .* resume with 2 workers"
     ):
