@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 from llmtrain.api.trainer_config import TrainerConfig
 from llmtrain_trainer.metrics import MetricsRecord
@@ -95,3 +99,31 @@ def losses(config: TrainerConfig) -> dict[int, float]:
 def result(config: TrainerConfig) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((run_dir(config) / RESULT_FILE).read_text())
     return data
+
+
+def training_workers() -> list[psutil.Process]:
+    """This session's Ray Train worker processes (descendants of our own raylet, not anyone else's)."""
+    found = []
+    for process in psutil.Process(os.getpid()).children(recursive=True):
+        try:
+            if any("RayTrainWorker" in part for part in process.cmdline()):
+                found.append(process)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def kill_a_worker_after_checkpoint(config: TrainerConfig, killed: dict[str, int], timeout: float) -> None:
+    """SIGKILL one training worker once the run has registered a checkpoint (run in a thread)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        events = records(config)
+        checkpoints = [r.step for r in events if r.event == "checkpoint"]
+        if checkpoints:
+            workers = training_workers()
+            if workers:
+                killed["checkpoint"] = checkpoints[-1]
+                killed["pid"] = workers[-1].pid
+                os.kill(workers[-1].pid, signal.SIGKILL)
+                return
+        time.sleep(0.02)

@@ -22,8 +22,7 @@ from llmtrain_trainer.main import run_training
 from llmtrain_trainer.preflight import check
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.trainer.helpers import REPO, losses, records, result, tiny_config
-from tests.trainer.test_worker_failure import kill_a_worker_after_checkpoint
+from tests.trainer.helpers import REPO, kill_a_worker_after_checkpoint, losses, records, result, tiny_config
 
 pytestmark = pytest.mark.slow
 

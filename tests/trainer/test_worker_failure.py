@@ -3,50 +3,18 @@ and the run completes from the latest checkpoint, repeating at most one checkpoi
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
-import time
 from pathlib import Path
 
-import psutil
 import pytest
-from llmtrain.api.trainer_config import TrainerConfig
 from llmtrain_trainer.loop import LoopOptions
 from llmtrain_trainer.main import run_training
 
-from tests.trainer.helpers import records, result, tiny_config
+from tests.trainer.helpers import kill_a_worker_after_checkpoint, records, result, tiny_config
 
 pytestmark = pytest.mark.slow
 
 STEPS, EVERY = 40, 10
-
-
-def training_workers() -> list[psutil.Process]:
-    """This session's Ray Train worker processes (descendants of our own raylet, not anyone else's)."""
-    found = []
-    for process in psutil.Process(os.getpid()).children(recursive=True):
-        try:
-            if any("RayTrainWorker" in part for part in process.cmdline()):
-                found.append(process)
-        except psutil.NoSuchProcess:
-            continue
-    return found
-
-
-def kill_a_worker_after_checkpoint(config: TrainerConfig, killed: dict[str, int], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        events = records(config)
-        checkpoints = [r.step for r in events if r.event == "checkpoint"]
-        if checkpoints:
-            workers = training_workers()
-            if workers:
-                killed["checkpoint"] = checkpoints[-1]
-                killed["pid"] = workers[-1].pid
-                os.kill(workers[-1].pid, signal.SIGKILL)
-                return
-        time.sleep(0.02)
 
 
 def test_killed_worker_resumes_from_last_checkpoint(ray_address: str, storage: Path) -> None:

@@ -381,6 +381,12 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
         True,
     ),
     (
+        "step-timeout-longer-than-the-collective-timeout",
+        spec("network", {"collectiveTimeoutSeconds": 600, "stepTimeoutSeconds": 900}),
+        "network.stepTimeoutSeconds",
+        True,
+    ),
+    (
         "fabric-check-unknown-action",
         spec("network", {"ncclProfile": "infiniband", "fabric": {"onSocketFallback": "ignore"}}),
         "network.fabric.onSocketFallback",

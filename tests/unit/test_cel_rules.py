@@ -280,6 +280,23 @@ CASES.update(
             ({"ncclProfile": "ethernet"}, {"ncclProfile": "nvlink", "fabric": {}}, None),
             ({"ncclProfile": "infiniband", "fabric": {}}, {"ncclProfile": "ethernet", "fabric": {}}, None),
         ],
+        _rule("network.stepTimeoutSeconds must not exceed"): [
+            (
+                {"collectiveTimeoutSeconds": 1800, "stepTimeoutSeconds": 600},
+                {"collectiveTimeoutSeconds": 600, "stepTimeoutSeconds": 601},
+                None,
+            ),
+            (
+                {"collectiveTimeoutSeconds": 600, "stepTimeoutSeconds": 600},
+                {"collectiveTimeoutSeconds": 60, "stepTimeoutSeconds": 3600},
+                None,
+            ),
+            (
+                {"collectiveTimeoutSeconds": 1800},
+                {"collectiveTimeoutSeconds": 100, "stepTimeoutSeconds": 200},
+                None,
+            ),
+        ],
         _rule("network.ncclProfile infiniband and efa need GPUs"): [
             (
                 {"network": {"ncclProfile": "infiniband"}, "resources": {"gpusPerWorker": 8}},

@@ -5,7 +5,9 @@ DeepSpeed files), one RNG file per rank and `trainer_state.json` (step, data pos
 rank 0 writes last, after a barrier. It is then reported with `CheckpointUploadMode.NO_UPLOAD`:
 the files already sit on the shared storage, so Ray Train only records the path (and deletes old
 ones per `num_to_keep`). On start, `ray.train.get_checkpoint()` names the latest one to restore;
-a new run may instead load another run's checkpoint (spec.resumeFrom, resume_from.py).
+when it is incomplete or corrupt (a torn shard, a lost file), the older complete ones in the run
+directory are tried, newest first. A new run may instead load another run's checkpoint
+(spec.resumeFrom, resume_from.py).
 """
 
 from __future__ import annotations
@@ -16,22 +18,44 @@ import random
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import ray.train
 import torch
 import torch.distributed as dist
 from ray.train import CheckpointConsistencyMode, CheckpointUploadMode
+from torch.distributed.checkpoint.api import CheckpointException
 
 from llmtrain_trainer.data import DataPosition
 from llmtrain_trainer.distributed import WorkerEnv
-from llmtrain_trainer.rundir import STATE_FILE, checkpoint_name
+from llmtrain_trainer.rundir import STATE_FILE, checkpoint_name, complete_checkpoints, write_durably
 from llmtrain_trainer.strategies.base import Strategy
 
 log = logging.getLogger(__name__)
 
 RNG_DIR = "rng"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is incomplete or unreadable: restoring tries an older one instead."""
+
+
+class IncompatibleCheckpoint(RuntimeError):
+    """A sound checkpoint that this run cannot load (e.g. another worker count for DeepSpeed).
+
+    Never skipped: every older checkpoint of the run has the same problem, and silently going back
+    would throw away training; the message says how to resume.
+    """
+
+
+@dataclass
+class Restored:
+    """What `restore` loaded, and the newer checkpoints it had to pass over (with the reasons)."""
+
+    state: TrainerState
+    directory: Path
+    skipped: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -93,10 +117,16 @@ def save(strategy: Strategy, state: TrainerState, run_dir: Path, env: WorkerEnv)
     dist.barrier()
     strategy.save(directory)
     (directory / RNG_DIR).mkdir(parents=True, exist_ok=True)
-    torch.save(_rng_state(), directory / RNG_DIR / f"rank-{env.rank}.pt")
+    rng_state = _rng_state()
+    write_durably(directory / RNG_DIR / f"rank-{env.rank}.pt", lambda file: torch.save(rng_state, file))
     dist.barrier()
     if env.is_main:
-        (directory / STATE_FILE).write_text(json.dumps(state.to_dict(), indent=2) + "\n")
+        text = (json.dumps(state.to_dict(), indent=2) + "\n").encode()
+
+        def write_state(file: BinaryIO) -> None:
+            file.write(text)
+
+        write_durably(directory / STATE_FILE, write_state)
     return directory
 
 
@@ -119,17 +149,50 @@ def report(directory: Path, metrics: dict[str, Any], env: WorkerEnv) -> None:
         ray.train.get_all_reported_checkpoints(consistency_mode=CheckpointConsistencyMode.COMMITTED)
 
 
-def restore(strategy: Strategy, env: WorkerEnv) -> TrainerState | None:
+def restore(strategy: Strategy, env: WorkerEnv, run_dir: Path) -> Restored | None:
     """Load the latest reported checkpoint of this run into the strategy; None on a fresh run.
 
-    For a checkpoint on local or mounted storage, `as_directory()` yields the stored directory
-    itself, so nothing here writes into it.
+    When the latest one is incomplete or corrupt, the older complete checkpoints in the run
+    directory are tried, newest first (never a newer one: Ray Train did not register it). Every
+    rank tries the same directory and all agree before moving on, since a torn shard may break
+    only one rank's read. Loading a checkpoint overwrites all of the state a failed attempt may
+    have half-loaded. A checkpoint reported with NO_UPLOAD lies in the run directory itself.
     """
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is None:
         return None
-    with checkpoint.as_directory() as path:
-        return load(strategy, Path(path), env)
+    latest = run_dir / Path(checkpoint.path).name
+    candidates = [latest, *(p for p in complete_checkpoints(run_dir) if p.name < latest.name)]
+    skipped: list[str] = []
+    for directory in candidates:
+        state, failure = _try_load(strategy, directory, env)
+        failures: list[str | None] = [None] * env.world_size
+        dist.all_gather_object(failures, failure)
+        problems = [f"rank {rank}: {text}" for rank, text in enumerate(failures) if text is not None]
+        if state is not None and not problems:
+            if skipped and env.is_main:
+                log.warning("resuming from %s, the newest usable checkpoint", directory.name)
+            return Restored(state, directory, skipped)
+        reason = f"{directory.name} ({'; '.join(problems)})"
+        if env.is_main:
+            log.warning("skipping checkpoint %s", reason)
+        skipped.append(reason)
+    raise CheckpointError(
+        f"no usable checkpoint in {run_dir}: {'; '.join(skipped)}. Restore the files, or delete the "
+        "run directory to start the run afresh"
+    )
+
+
+def _try_load(strategy: Strategy, directory: Path, env: WorkerEnv) -> tuple[TrainerState | None, str | None]:
+    """`load`, with any failure of the files turned into a reason (a torn or missing file shows up
+    as an OSError, a JSON or unpickling error, a DCP CheckpointException, ...)."""
+    try:
+        return load(strategy, directory, env), None
+    except IncompatibleCheckpoint:
+        raise
+    except (Exception, CheckpointException) as error:  # DCP's is a BaseException
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return None, f"{type(error).__name__}: {first_line}"[:500]
 
 
 def load(strategy: Strategy, directory: Path, env: WorkerEnv, weights_only: bool = False) -> TrainerState:
@@ -137,21 +200,26 @@ def load(strategy: Strategy, directory: Path, env: WorkerEnv, weights_only: bool
     or only its weights (a resumeFrom.checkpoint seed), which starts a fresh state at step 0."""
     state_file = directory / STATE_FILE
     if not state_file.exists():
-        raise RuntimeError(f"checkpoint {directory} has no {STATE_FILE}: it was not written by llmtrain")
+        raise CheckpointError(
+            f"checkpoint {directory} has no {STATE_FILE}: it is incomplete or was not written by llmtrain"
+        )
     state = TrainerState.from_dict(json.loads(state_file.read_text()))
     if weights_only:
         log.info("loading the weights of %s (step %d); fresh optimizer and schedule", directory, state.step)
         strategy.load(directory, weights_only=True)
         return TrainerState(world_size=env.world_size)
     if state.world_size != env.world_size and not strategy.reshardable_checkpoints:
-        raise RuntimeError(
+        raise IncompatibleCheckpoint(
             f"checkpoint {directory.name} was written by {state.world_size} workers and "
             f"{strategy.name} cannot reshard it for {env.world_size}; resume with "
             f"{state.world_size} workers (or convert it with DeepSpeed's universal checkpoint tools)"
         )
     log.info("restoring step %d from %s", state.step, directory)
     strategy.load(directory)
-    rng_file = directory / RNG_DIR / f"rank-{env.rank}.pt"
-    if rng_file.exists() and state.world_size == env.world_size:
+    if state.world_size == env.world_size:
+        # Another worker count draws different dropout masks anyway: its RNG files do not apply.
+        rng_file = directory / RNG_DIR / f"rank-{env.rank}.pt"
+        if not rng_file.exists():
+            raise CheckpointError(f"checkpoint {directory} has no {RNG_DIR}/{rng_file.name}")
         _set_rng_state(torch.load(rng_file, weights_only=False))
     return state

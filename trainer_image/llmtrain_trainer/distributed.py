@@ -9,10 +9,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import _set_pg_timeout
 from torch.distributed.tensor import DTensor
+
+if TYPE_CHECKING:
+    from llmtrain.api.trainer_config import TrainerConfig
 
 
 @dataclass(frozen=True)
@@ -66,3 +72,24 @@ def scalar(value: torch.Tensor | float) -> float:
     if isinstance(value, DTensor):
         value = value.full_tensor()
     return float(value)
+
+
+def training_timeout_seconds(config: TrainerConfig) -> int:
+    """The collective timeout once training runs: network.stepTimeoutSeconds when it is shorter
+    than the start-up timeout (which must also cover first downloads, tokenisation and loading)."""
+    step = config.network.step_timeout_seconds
+    return (
+        min(step, config.collective_timeout_seconds)
+        if step is not None
+        else config.collective_timeout_seconds
+    )
+
+
+def apply_training_timeout(config: TrainerConfig) -> bool:
+    """Shorten the default process group's timeout (gloo and NCCL take a new one after init); the
+    same local setting on every rank, no collective. Returns whether anything changed."""
+    seconds = training_timeout_seconds(config)
+    if seconds >= config.collective_timeout_seconds:
+        return False
+    _set_pg_timeout(timedelta(seconds=seconds))
+    return True

@@ -135,10 +135,12 @@ class KubernetesProgressSink:
             self._urgent = self._urgent or record.event in _URGENT
             self._cond.notify()
 
-    def report_error(self, message: str) -> None:
-        """The root cause of a failed run (e.g. 'OutOfMemoryError on rank 3: ...'), sent at once."""
+    def report_error(self, message: str | None) -> None:
+        """The root cause of a failed run (e.g. 'OutOfMemoryError on rank 3: ...') or of a stall,
+        sent at once; None clears it (a merge patch deletes a null field)."""
         with self._cond:
-            self._state = {**self._state, "error": message[:4096], "updatedAt": _rfc3339(time.time())}
+            error = None if message is None else message[:4096]
+            self._state = {**self._state, "error": error, "updatedAt": _rfc3339(time.time())}
             self._version += 1
             self._urgent = True
             self._cond.notify()

@@ -26,7 +26,13 @@ from llmtrain.constants import EXPORT_DIR
 
 from llmtrain_trainer import checkpoint
 from llmtrain_trainer.data import DistributedBatches, SequenceData, build_sequences, evaluation_batches
-from llmtrain_trainer.distributed import WorkerEnv, rank_zero_first, scalar
+from llmtrain_trainer.distributed import (
+    WorkerEnv,
+    apply_training_timeout,
+    rank_zero_first,
+    scalar,
+    training_timeout_seconds,
+)
 from llmtrain_trainer.export import export_model
 from llmtrain_trainer.fabric_check import check_fabric, should_check
 from llmtrain_trainer.loss import token_loss_sum, trained_tokens
@@ -38,6 +44,7 @@ from llmtrain_trainer.rundir import RESULT_FILE, latest_checkpoint
 from llmtrain_trainer.strategies import make_strategy
 from llmtrain_trainer.strategies.base import Strategy
 from llmtrain_trainer.tokenizer import load_tokenizer
+from llmtrain_trainer.watchdog import ErrorSink, StallReporter, StepWatchdog
 
 log = logging.getLogger("llmtrain_trainer")
 
@@ -133,6 +140,8 @@ class TrainingRun:
         self.tokens_per_second: float | None = None
         self.seeded_from: str | None = None
         """spec.resumeFrom's checkpoint, when this attempt started from it."""
+        self.skipped_checkpoints: list[str] = []
+        """Newer checkpoints that could not be restored (incomplete or corrupt), with the reasons."""
 
     # -------------------------------------------------------------------------- set-up
 
@@ -147,7 +156,9 @@ class TrainingRun:
         # spec.resumeFrom applies only until the run has a checkpoint of its own.
         seed = None if resuming or config.resume_from is None else resolve(config.resume_from, self.run_dir)
         strategy = make_strategy(config, env, self.total, initial_weights=not resuming and seed is None)
-        state = checkpoint.restore(strategy, env)
+        restored = checkpoint.restore(strategy, env, self.run_dir)
+        state = restored.state if restored is not None else None
+        self.skipped_checkpoints = restored.skipped if restored is not None else []
         if seed is not None:
             state = checkpoint.load(strategy, seed.directory, env, weights_only=not seed.full_state)
             self.seeded_from = seed.described
@@ -178,6 +189,8 @@ class TrainingRun:
         )
         if self.seeded_from is not None:
             message = f"from {self.seeded_from}; {message}"
+        if self.skipped_checkpoints:
+            message = f"{message}; skipped unusable checkpoints: {'; '.join(self.skipped_checkpoints)}"
         if resumed_from is not None:
             self._emit(
                 MetricsRecord(
@@ -216,9 +229,46 @@ class TrainingRun:
             if data.fixed_label_count
             else None
         )
+        watchdog = self._watchdog()
+        watchdog.start(state.step)
+        try:
+            self._steps(strategy, data, state, pad_id, batches, throughput, fixed_local_tokens, watchdog)
+        finally:
+            watchdog.stop()
+        throughput.measure()
+        self.train_seconds = throughput.train_seconds
+        self.tokens_per_second = throughput.average_tokens_per_second
+        return True
+
+    def _watchdog(self) -> StepWatchdog:
+        config = self.config
+
+        def open_sink() -> ErrorSink | None:
+            if not config.progress.report_to_kubernetes:
+                return None
+            from llmtrain_trainer.kube_progress import kubernetes_sink
+
+            return kubernetes_sink(config)
+
+        return StepWatchdog(self.env.rank, config.collective_timeout_seconds, StallReporter(open_sink))
+
+    def _steps(
+        self,
+        strategy: Strategy,
+        data: SequenceData,
+        state: checkpoint.TrainerState,
+        pad_id: int,
+        batches: DistributedBatches,
+        throughput: Throughput,
+        fixed_local_tokens: int | None,
+        watchdog: StepWatchdog,
+    ) -> None:
+        config, env = self.config, self.env
+        training = config.training
         totals = torch.zeros(3, dtype=torch.float64, device=env.device)  # loss sum, trained, input tokens
         grad_norm: torch.Tensor | float | None = None
         interval_start, interval_step = time.perf_counter(), state.step
+        first_step = state.step
         strategy.train()
         while state.step < self.total:
             micro_batches = [
@@ -244,6 +294,11 @@ class TrainingRun:
             state.step += 1
             state.data = batches.position
             state.tokens_seen += input_tokens * env.world_size
+            watchdog.beat(state.step)
+            if state.step == first_step + 1 and apply_training_timeout(config):
+                watchdog.set_timeout(training_timeout_seconds(config))
+                if env.is_main:
+                    log.info("collective timeout now %ds (network.stepTimeoutSeconds)", watchdog.timeout)
 
             last = state.step == self.total
             if state.step % training.log_every_steps == 0 or state.step == 1 or last:
@@ -272,12 +327,9 @@ class TrainingRun:
             if state.step % config.checkpoint.every_steps == 0 or (last and self.options.checkpoint_at_end):
                 throughput.pause()
                 self._checkpoint(strategy, state, data, pad_id)
+                watchdog.beat(state.step)
                 throughput.resume()
                 interval_start = time.perf_counter()
-        throughput.measure()
-        self.train_seconds = throughput.train_seconds
-        self.tokens_per_second = throughput.average_tokens_per_second
-        return True
 
     def _sum_over_ranks(self, value: int) -> int:
         tensor = torch.tensor([value], dtype=torch.float64, device=self.env.device)
@@ -351,6 +403,7 @@ class TrainingRun:
             "steps": self.total,
             "resumed_from_step": resumed_from,
             "resume_from": self.seeded_from,
+            "skipped_checkpoints": self.skipped_checkpoints,
             "checkpoint": str(latest) if latest else None,
             "export": export,
             "train_seconds": self.train_seconds,

@@ -12,7 +12,11 @@ The export directory's name is shared with the renderer: llmtrain.constants.EXPO
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 CHECKPOINT_PREFIX = "checkpoint-step-"
 STATE_FILE = "trainer_state.json"
@@ -26,7 +30,36 @@ def checkpoint_name(step: int) -> str:
     return f"{CHECKPOINT_PREFIX}{step:08d}"
 
 
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """Checkpoint directories whose state file was written (the last file of a save), newest first."""
+    return sorted(
+        (p for p in run_dir.glob(f"{CHECKPOINT_PREFIX}*") if (p / STATE_FILE).exists()), reverse=True
+    )
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest complete checkpoint directory on disk (for messages; Ray decides what resumes)."""
-    complete = sorted(p for p in run_dir.glob(f"{CHECKPOINT_PREFIX}*") if (p / STATE_FILE).exists())
-    return complete[-1] if complete else None
+    complete = complete_checkpoints(run_dir)
+    return complete[0] if complete else None
+
+
+def write_durably(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write a file under a temporary name, fsync it, then rename it into place.
+
+    A crash (or a node losing power) leaves the old file or none, never a torn one; a checkpoint's
+    state file, written last, then really means that everything before it reached the disk.
+    """
+    partial = path.with_name(f".{path.name}.partial")
+    with partial.open("wb") as file:
+        write(file)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(partial, path)
+    # The rename itself is durable once the directory is synced; some network filesystems refuse
+    # to fsync a directory, and there the rename is as durable as the server makes it.
+    with contextlib.suppress(OSError):
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)

@@ -603,6 +603,13 @@ class NetworkSpec(ApiModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
+                    "!has(self.stepTimeoutSeconds) || !has(self.collectiveTimeoutSeconds) "
+                    "|| self.stepTimeoutSeconds <= self.collectiveTimeoutSeconds",
+                    "network.stepTimeoutSeconds must not exceed network.collectiveTimeoutSeconds: it "
+                    "shortens the timeout once training runs",
+                    ".stepTimeoutSeconds",
+                ),
+                cel(
                     f"!has(self.fabric) || self.ncclProfile in {_FABRIC_LIST}",
                     "network.fabric (RDMA devices, IPC_LOCK, the start-up check) is only valid with "
                     "ncclProfile infiniband or efa",
@@ -625,6 +632,15 @@ class NetworkSpec(ApiModel):
         ge=60,
         le=86400,
         description="Timeout of a collective before the process group aborts (torch timeout_s).",
+    )
+    step_timeout_seconds: int | None = Field(
+        default=None,
+        ge=60,
+        le=86400,
+        description="A shorter collective timeout applied once the first training step has "
+        "completed, so a hang during training ends the attempt (and a retry resumes) sooner; "
+        "downloads, tokenisation and loading keep collectiveTimeoutSeconds. Unset: "
+        "collectiveTimeoutSeconds throughout.",
     )
     fabric: FabricSpec | None = Field(
         default=None,

@@ -22,6 +22,8 @@ from torch.distributed.checkpoint.state_dict_loader import load
 from torch.distributed.checkpoint.state_dict_saver import save
 from torch.optim.lr_scheduler import LRScheduler
 
+from llmtrain_trainer.rundir import write_durably
+
 SCHEDULER_FILE = "scheduler.pt"
 
 
@@ -33,11 +35,12 @@ def save_training_state(
     is_main: bool,
     options: StateDictOptions,
 ) -> None:
-    """Every rank writes its shards of model and optimizer; rank 0 adds the schedule."""
+    """Every rank writes its shards of model and optimizer (DCP fsyncs them); rank 0 adds the schedule."""
     model_state, optim_state = get_state_dict(model, optimizer, options=options)
     save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(directory))
     if is_main:
-        torch.save(scheduler.state_dict(), directory / SCHEDULER_FILE)
+        schedule = scheduler.state_dict()
+        write_durably(directory / SCHEDULER_FILE, lambda file: torch.save(schedule, file))
 
 
 def load_training_state(

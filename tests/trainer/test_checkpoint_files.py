@@ -1,0 +1,150 @@
+"""Checkpoint files on disk without Ray Train: durable writes, and which checkpoint `restore` picks
+when the latest one is unusable (one process in a gloo group, a strategy that only records loads)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pytest
+import torch
+import torch.distributed as dist
+from llmtrain_trainer import checkpoint
+from llmtrain_trainer.distributed import WorkerEnv
+from llmtrain_trainer.rundir import STATE_FILE, checkpoint_name, complete_checkpoints, write_durably
+
+ENV = WorkerEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+
+
+def test_a_durable_write_is_synced_and_a_failed_one_keeps_the_old_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    target = tmp_path / "state.json"
+    write_durably(target, lambda file: file.write(b"old"))
+    assert target.read_bytes() == b"old" and len(synced) >= 1
+
+    def torn(file: BinaryIO) -> None:
+        file.write(b"ne")
+        raise OSError("disk gone")
+
+    with pytest.raises(OSError, match="disk gone"):
+        write_durably(target, torn)
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith("state.json")] == ["state.json"]
+
+
+def _checkpoint(run_dir: Path, step: int, world_size: int = 1) -> Path:
+    directory = run_dir / checkpoint_name(step)
+    (directory / checkpoint.RNG_DIR).mkdir(parents=True)
+    torch.save(checkpoint._rng_state(), directory / checkpoint.RNG_DIR / "rank-0.pt")
+    state = checkpoint.TrainerState(step=step, world_size=world_size)
+    (directory / STATE_FILE).write_text(json.dumps(state.to_dict()))
+    return directory
+
+
+def test_complete_checkpoints_are_listed_newest_first(tmp_path: Path) -> None:
+    old, new = _checkpoint(tmp_path, 10), _checkpoint(tmp_path, 20)
+    (tmp_path / checkpoint_name(30)).mkdir()  # no state file: a save that never finished
+    assert complete_checkpoints(tmp_path) == [new, old]
+
+
+class RecordingStrategy:
+    """Stands in for a Strategy: fails to load the directories named in `broken`."""
+
+    name = "recording"
+
+    def __init__(self, broken: set[str], reshardable: bool = True) -> None:
+        self.broken = broken
+        self.reshardable_checkpoints = reshardable
+        self.loaded: list[str] = []
+
+    def load(self, directory: Path, weights_only: bool = False) -> None:
+        self.loaded.append(directory.name)
+        if directory.name in self.broken:
+            raise RuntimeError("PytorchStreamReader failed reading zip archive\nmore detail")
+
+
+@pytest.fixture
+def one_process_group(tmp_path: Path) -> Iterator[None]:
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _latest_is(monkeypatch: pytest.MonkeyPatch, directory: Path) -> None:
+    class Reported:
+        path = str(directory)
+
+    monkeypatch.setattr(checkpoint.ray.train, "get_checkpoint", lambda: Reported())
+
+
+def _restore(strategy: Any, run_dir: Path) -> checkpoint.Restored | None:
+    return checkpoint.restore(strategy, ENV, run_dir)
+
+
+@pytest.mark.usefixtures("one_process_group")
+def test_restore_skips_a_corrupt_or_incomplete_latest_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = tmp_path / "run"
+    _checkpoint(run_dir, 10)
+    _checkpoint(run_dir, 20)
+    corrupt = _checkpoint(run_dir, 30)
+    (_checkpoint(run_dir, 40) / STATE_FILE).unlink()  # incomplete: Ray still names it the latest
+    _checkpoint(run_dir, 50)  # newer than the latest reported one: never registered, never used
+    _latest_is(monkeypatch, run_dir / checkpoint_name(40))
+    strategy = RecordingStrategy(broken={corrupt.name})
+
+    restored = _restore(strategy, run_dir)
+
+    assert restored is not None and restored.state.step == 20
+    assert strategy.loaded == [checkpoint_name(30), checkpoint_name(20)]
+    assert restored.skipped[0].startswith(f"{checkpoint_name(40)} (rank 0: CheckpointError")
+    assert (
+        restored.skipped[1]
+        == f"{checkpoint_name(30)} (rank 0: RuntimeError: PytorchStreamReader failed reading zip archive)"
+    )
+
+
+@pytest.mark.usefixtures("one_process_group")
+def test_restore_fails_naming_every_checkpoint_when_none_is_usable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = tmp_path / "run"
+    first, second = _checkpoint(run_dir, 10), _checkpoint(run_dir, 20)
+    (first / checkpoint.RNG_DIR / "rank-0.pt").unlink()
+    _latest_is(monkeypatch, second)
+    with pytest.raises(checkpoint.CheckpointError) as failure:
+        _restore(RecordingStrategy(broken={second.name}), run_dir)
+    message = str(failure.value)
+    assert f"{second.name} (rank 0: RuntimeError" in message
+    assert f"{first.name} (rank 0: CheckpointError" in message and "rng/rank-0.pt" in message
+    assert "delete the run directory" in message
+
+
+@pytest.mark.usefixtures("one_process_group")
+def test_a_checkpoint_from_another_worker_count_is_refused_not_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DeepSpeed cannot reshard: going back to an older checkpoint would not help (they were all
+    written by the same workers) and would silently discard training."""
+    run_dir = tmp_path / "run"
+    _checkpoint(run_dir, 10, world_size=2)
+    latest = _checkpoint(run_dir, 20, world_size=2)
+    _latest_is(monkeypatch, latest)
+    from llmtrain_trainer.strategies.deepspeed import DeepSpeedStrategy
+
+    strategy = RecordingStrategy(broken=set(), reshardable=DeepSpeedStrategy.reshardable_checkpoints)
+    with pytest.raises(
+        checkpoint.IncompatibleCheckpoint, match=r"written by 2 workers .* resume with 2 workers"
+    ):
+        _restore(strategy, run_dir)
+    assert strategy.loaded == []

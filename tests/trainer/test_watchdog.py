@@ -1,0 +1,113 @@
+"""The step-progress watchdog (watchdog.py) with a fake clock and a recording sink: no Ray."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from llmtrain_trainer.watchdog import Stall, StallReporter, StepWatchdog, stall_threshold_seconds
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.errors: list[str | None] = []
+        self.closed = False
+
+    def report_error(self, message: str | None) -> None:
+        self.errors.append(message)
+
+    def close(self, flush_timeout: float = 10.0) -> None:
+        self.closed = True
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_threshold_is_well_under_the_process_group_timeout() -> None:
+    assert stall_threshold_seconds(1800) == pytest.approx(600)
+    assert stall_threshold_seconds(60) < 60
+
+
+def test_a_stall_is_reported_once_with_rank_and_last_step_and_cleared_when_steps_resume(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock, sink = FakeClock(), RecordingSink()
+    watchdog = StepWatchdog(3, 300, StallReporter(lambda: sink), clock=clock)
+    watchdog.beat(41)
+    watchdog.beat(42)
+    clock.now += 99
+    assert watchdog.check() is None
+
+    clock.now += 2
+    stall = watchdog.check()
+    assert stall == Stall(rank=3, last_step=42, seconds=101, timeout_seconds=300)
+    clock.now += 500
+    assert watchdog.check() is None, "one report per stall"
+
+    watchdog.reporter.stalled(stall)
+    assert sink.errors == [stall.message]
+    assert stall.message.startswith("rank 3: no training step completed for 101s since step 42")
+    assert "300s" in stall.message
+    assert any("TRAINING STALLED" in r.message and r.levelname == "ERROR" for r in caplog.records)
+
+    watchdog.beat(43)
+    assert sink.errors == [stall.message, None], "the error is cleared once a step completes"
+    clock.now += 101
+    assert watchdog.check() == Stall(rank=3, last_step=43, seconds=101, timeout_seconds=300)
+
+
+def test_no_sink_still_logs() -> None:
+    reporter = StallReporter(lambda: None)
+    reporter.stalled(Stall(0, 7, 700, 1800))
+    reporter.recovered(Stall(0, 7, 700, 1800), 8)
+    reporter.close()
+
+
+def test_the_thread_reports_a_stall_while_the_loop_is_blocked() -> None:
+    sink = RecordingSink()
+    watchdog = StepWatchdog(1, 0.6, StallReporter(lambda: sink), poll_seconds=0.02)
+    watchdog.start(5)
+    try:
+        deadline = time.monotonic() + 5
+        while not sink.errors and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        watchdog.stop()
+    assert sink.errors and sink.errors[0] is not None
+    assert sink.errors[0].startswith("rank 1: no training step completed for 0s since step 5")
+    assert sink.closed
+
+
+def test_the_kubernetes_sink_clears_the_error_with_a_merge_patch_null() -> None:
+    from llmtrain_trainer import kube_progress
+
+    sent: list[dict[str, object]] = []
+
+    class Recording(kube_progress.KubernetesProgressSink):
+        def _patch(self, progress: dict[str, object]) -> bool:
+            sent.append(progress)
+            return True
+
+    sink = Recording(kube_progress.ApiTarget("http://api.invalid", None, None), "team", "job", interval=0.01)
+    sink.report_error("rank 1: no training step completed")
+    sink.close(flush_timeout=5)
+    sink = Recording(kube_progress.ApiTarget("http://api.invalid", None, None), "team", "job", interval=0.01)
+    sink.report_error(None)
+    sink.close(flush_timeout=5)
+    assert sent[0]["error"] == "rank 1: no training step completed"
+    assert "error" in sent[-1] and sent[-1]["error"] is None
+
+
+def test_the_threshold_follows_the_timeout_in_effect() -> None:
+    clock = FakeClock()
+    watchdog = StepWatchdog(0, 1800, StallReporter(lambda: None), clock=clock)
+    watchdog.beat(1)
+    clock.now += 300
+    assert watchdog.check() is None
+    watchdog.set_timeout(600)  # network.stepTimeoutSeconds applied after the first step
+    assert watchdog.check() == Stall(rank=0, last_step=1, seconds=300, timeout_seconds=600)
