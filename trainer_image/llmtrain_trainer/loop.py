@@ -30,8 +30,15 @@ from llmtrain_trainer.distributed import WorkerEnv, rank_zero_first, scalar
 from llmtrain_trainer.export import export_model
 from llmtrain_trainer.fabric_check import check_fabric, should_check
 from llmtrain_trainer.loss import token_loss_sum, trained_tokens
-from llmtrain_trainer.metrics import MetricsRecord, Throughput, eta_seconds, input_token_count, peak_flops
-from llmtrain_trainer.model import count_parameters, flops_per_token, model_config
+from llmtrain_trainer.metrics import (
+    BatchCounts,
+    MetricsRecord,
+    Throughput,
+    batch_counts,
+    eta_seconds,
+    peak_flops,
+)
+from llmtrain_trainer.model import TrainingFlops, count_parameters, model_config, training_flops
 from llmtrain_trainer.progress import FanOut, open_sinks
 from llmtrain_trainer.resume_from import resolve, run_shape
 from llmtrain_trainer.rundir import RESULT_FILE, latest_checkpoint
@@ -110,6 +117,16 @@ def total_steps(config: TrainerConfig, num_sequences: int, world_size: int) -> i
         return config.training.max_steps
     per_step = config.training.micro_batch_size * config.training.gradient_accumulation_steps * world_size
     return max(1, config.training.epochs * (num_sequences // per_step))
+
+
+def next_step_batches(
+    batches: DistributedBatches, count: int, device: torch.device
+) -> tuple[list[dict[str, torch.Tensor]], BatchCounts]:
+    """A step's micro-batches on the device, and their counts taken on the CPU copies first."""
+    host = [batches.next_batch() for _ in range(count)]
+    counts = sum((batch_counts(batch) for batch in host), BatchCounts(0, 0, 0))
+    on_device = [{k: v.to(device, non_blocking=True) for k, v in batch.items()} for batch in host]
+    return on_device, counts
 
 
 def seed_everything(seed: int) -> None:
@@ -200,15 +217,10 @@ class TrainingRun:
         batches = DistributedBatches(
             data.train, training.micro_batch_size, env.rank, env.world_size, training.seed, pad_id, state.data
         )
-        hf_config = model_config(config.model)
-        n_params, _ = count_parameters(strategy.model)
-        throughput = Throughput(
-            flops_per_token(hf_config, n_params, config.dataset.max_seq_length),
-            peak_flops(env.device),
-            env.world_size,
-        )
+        flops = training_flops(model_config(config.model), strategy.model)
+        throughput = Throughput(peak_flops(env.device), env.world_size)
         # Packed text has the same number of trained tokens in every micro-batch: no need to count
-        # them, let alone across ranks, before each step.
+        # them across ranks before each step.
         fixed_local_tokens = (
             training.micro_batch_size
             * (config.dataset.max_seq_length - 1)
@@ -216,39 +228,38 @@ class TrainingRun:
             if data.fixed_label_count
             else None
         )
-        totals = torch.zeros(3, dtype=torch.float64, device=env.device)  # loss sum, trained, input tokens
+        losses = torch.zeros(2, dtype=torch.float64, device=env.device)  # loss sum, trained tokens
+        # Input tokens and attended pairs since the last flush, summed over ranks when flushed.
+        counts = torch.zeros(2, dtype=torch.float64, device=env.device)
         grad_norm: torch.Tensor | float | None = None
         interval_start, interval_step = time.perf_counter(), state.step
         strategy.train()
         while state.step < self.total:
-            micro_batches = [
-                {k: v.to(env.device, non_blocking=True) for k, v in batches.next_batch().items()}
-                for _ in range(training.gradient_accumulation_steps)
-            ]
+            micro_batches, step_counts = next_step_batches(
+                batches, training.gradient_accumulation_steps, env.device
+            )
             if fixed_local_tokens is not None:
-                local_trained, step_trained = fixed_local_tokens, fixed_local_tokens * env.world_size
+                step_trained = fixed_local_tokens * env.world_size
             else:
-                local_trained = sum(trained_tokens(mb["labels"]) for mb in micro_batches)
-                step_trained = self._sum_over_ranks(local_trained)
+                step_trained = self._sum_over_ranks(step_counts.trained)
             scale = env.world_size / max(step_trained, 1)
             for i, micro_batch in enumerate(micro_batches):
                 loss_sum = strategy.forward_backward(
                     micro_batch, scale, last_micro_batch=i == len(micro_batches) - 1
                 )
-                totals[0] += loss_sum.to(torch.float64)
-            input_tokens = sum(input_token_count(mb) for mb in micro_batches)
-            totals[1] += local_trained
-            totals[2] += input_tokens
-            throughput.add_tokens(input_tokens * env.world_size)
+                losses[0] += loss_sum.to(torch.float64)
+            losses[1] += step_counts.trained
+            counts[0] += step_counts.inputs
+            counts[1] += step_counts.attended_pairs
             grad_norm = strategy.step()
             state.step += 1
             state.data = batches.position
-            state.tokens_seen += input_tokens * env.world_size
 
             last = state.step == self.total
             if state.step % training.log_every_steps == 0 or state.step == 1 or last:
-                dist.all_reduce(totals)
-                loss = float(totals[0] / totals[1].clamp(min=1))
+                dist.all_reduce(losses)
+                self._flush_counts(counts, state, throughput, flops)
+                loss = float(losses[0] / losses[1].clamp(min=1))
                 rate, mfu = throughput.measure()
                 seconds_per_step = (time.perf_counter() - interval_start) / max(1, state.step - interval_step)
                 interval_start, interval_step = time.perf_counter(), state.step
@@ -268,8 +279,9 @@ class TrainingRun:
                     )
                 )
                 self.last_loss = loss
-                totals.zero_()
+                losses.zero_()
             if state.step % config.checkpoint.every_steps == 0 or (last and self.options.checkpoint_at_end):
+                self._flush_counts(counts, state, throughput, flops)  # tokens_seen goes in the checkpoint
                 throughput.pause()
                 self._checkpoint(strategy, state, data, pad_id)
                 throughput.resume()
@@ -278,6 +290,18 @@ class TrainingRun:
         self.train_seconds = throughput.train_seconds
         self.tokens_per_second = throughput.average_tokens_per_second
         return True
+
+    @staticmethod
+    def _flush_counts(
+        counts: torch.Tensor, state: checkpoint.TrainerState, throughput: Throughput, flops: TrainingFlops
+    ) -> None:
+        """Sum the input tokens and attended pairs over ranks (a collective) into tokens_seen and
+        the throughput; a no-op sum after a flush in the same step."""
+        dist.all_reduce(counts)
+        tokens, pairs = (int(value) for value in counts.tolist())
+        counts.zero_()
+        state.tokens_seen += tokens
+        throughput.add(tokens, flops.of(tokens, pairs))
 
     def _sum_over_ranks(self, value: int) -> int:
         tensor = torch.tensor([value], dtype=torch.float64, device=self.env.device)
@@ -305,9 +329,9 @@ class TrainingRun:
         for batch in evaluation_batches(
             data.validation, self.config.training.micro_batch_size, self.env.rank, self.env.world_size, pad_id
         ):
+            totals[1] += trained_tokens(batch["labels"])  # on the CPU copy: no sync
             batch = {k: v.to(self.env.device) for k, v in batch.items()}
             totals[0] += token_loss_sum(strategy.forward(batch), batch["labels"]).to(torch.float64)
-            totals[1] += trained_tokens(batch["labels"])
         strategy.train(True)
         dist.all_reduce(totals)
         return float(totals[0] / totals[1]) if totals[1] > 0 else None
