@@ -40,7 +40,7 @@ class DdpStrategy(TorchNativeStrategy):
         base.to(env.device)
         self.ddp = DistributedDataParallel(base, device_ids=[env.device.index] if env.on_gpu else None)
         self.model = self.ddp
-        self.optimizer = build_optimizer(self.model.parameters(), config.training, env.on_gpu)
+        self.optimizer = build_optimizer(self.model, config.training, env.on_gpu)
         self.scheduler = build_scheduler(self.optimizer, config.training, total_steps)
         self.scaler = torch.amp.GradScaler("cuda") if self.dtype == torch.float16 else None
         # LoRA checkpoints hold the adapters only: the frozen base comes from the pretrained weights.

@@ -125,7 +125,7 @@ class DeepSpeedStrategy(Strategy):
         if config.training.gradient_checkpointing:
             models.enable_gradient_checkpointing(model)
 
-        optimizer = build_optimizer(model.parameters(), config.training, env.on_gpu)
+        optimizer = build_optimizer(model, config.training, env.on_gpu)
         engine, _, _, scheduler = deepspeed.initialize(
             model=model,
             optimizer=optimizer,

@@ -66,7 +66,7 @@ class FsdpStrategy(TorchNativeStrategy):
             self._load_initial_weights(model, hf_config)
 
         self.model = model
-        self.optimizer = build_optimizer(model.parameters(), config.training, env.on_gpu)
+        self.optimizer = build_optimizer(model, config.training, env.on_gpu)
         self.scheduler = build_scheduler(self.optimizer, config.training, total_steps)
         self.scaler = _grad_scaler(self.dtype)
         # LoRA checkpoints hold the adapters only: the frozen base comes from the pretrained weights.
