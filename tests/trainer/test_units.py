@@ -52,6 +52,17 @@ def test_deepspeed_config_is_fully_resolved(stage: int) -> None:
     assert config["zero_force_ds_cpu_optimizer"] is False  # we bring a torch AdamW
     assert ("offload_param" in zero) == (stage == 3)
     assert zero.get("stage3_gather_16bit_weights_on_model_save", stage != 3) is True
+    # bf16 reduces and accumulates gradients in fp32, as FSDP2's reduce_dtype does.
+    assert config["communication_data_type"] == "fp32"
+    assert config["data_types"] == {"grad_accum_dtype": "fp32"}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_deepspeed_keeps_its_gradient_dtypes_outside_bf16(dtype: torch.dtype) -> None:
+    """fp16 keeps DeepSpeed's own loss-scaled path; fp32 is fp32 throughout anyway."""
+    config = deepspeed_config(DeepSpeedSpec(zero_stage=2), TrainingSpec(), 1, dtype, 64)
+    assert "communication_data_type" not in config and "data_types" not in config
+    assert config["fp16"]["enabled"] == (dtype == torch.float16) and config["fp16"]["loss_scale"] == 0
 
 
 def test_mfu_is_throughput_over_peak() -> None:

@@ -52,6 +52,14 @@ def deepspeed_config(
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if spec.offload_params:
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    # Under bf16, DeepSpeed would reduce gradients across ranks and accumulate them over
+    # micro-batches in bf16 (its defaults follow the model dtype); FSDP2 does both in fp32
+    # (MixedPrecisionPolicy reduce_dtype), and so do we here.
+    fp32_gradients: dict[str, Any] = (
+        {"communication_data_type": "fp32", "data_types": {"grad_accum_dtype": "fp32"}}
+        if dtype == torch.bfloat16
+        else {}
+    )
     return {
         "train_micro_batch_size_per_gpu": training.micro_batch_size,
         "gradient_accumulation_steps": training.gradient_accumulation_steps,
@@ -60,6 +68,7 @@ def deepspeed_config(
         "bf16": {"enabled": dtype == torch.bfloat16},
         "fp16": {"enabled": dtype == torch.float16, "loss_scale": 0, "initial_scale_power": 16},
         "zero_optimization": zero,
+        **fp32_gradients,
         # We bring a torch AdamW: allow it with ZeRO and with optimizer offload (no JIT-built
         # DeepSpeedCPUAdam needed).
         "zero_allow_untested_optimizer": True,
