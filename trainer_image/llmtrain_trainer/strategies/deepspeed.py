@@ -153,8 +153,10 @@ class DeepSpeedStrategy(Strategy):
         self.engine.step()
 
     def step(self) -> torch.Tensor | float | None:
-        norm = self.engine.get_global_grad_norm()
-        return None if norm is None else float(norm)
+        """The norm as DeepSpeed left it (a device tensor under ZeRO): the loop reads it only when
+        it logs, so stepping costs no host-device sync."""
+        norm: torch.Tensor | float | None = self.engine.get_global_grad_norm()
+        return norm
 
     @property
     def learning_rate(self) -> float:
