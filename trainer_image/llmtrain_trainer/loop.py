@@ -35,6 +35,7 @@ from llmtrain_trainer.metrics import (
     MetricsRecord,
     Throughput,
     batch_counts,
+    checkpoints_from,
     eta_seconds,
     peak_flops,
 )
@@ -148,6 +149,9 @@ class TrainingRun:
         self.last_loss: float | None = None
         self.train_seconds: float | None = None
         self.tokens_per_second: float | None = None
+        self.checkpoint_seconds = 0.0
+        """How long the latest checkpoint paused training; the ETA expects each one left to take
+        as long (0 until the first)."""
         self.seeded_from: str | None = None
         """spec.resumeFrom's checkpoint, when this attempt started from it."""
 
@@ -273,7 +277,17 @@ class TrainingRun:
                         grad_norm=None if grad_norm is None else scalar(grad_norm),
                         tokens_per_second=rate,
                         mfu=mfu,
-                        eta_seconds=eta_seconds(self.total - state.step, seconds_per_step),
+                        eta_seconds=eta_seconds(
+                            self.total - state.step,
+                            seconds_per_step,
+                            checkpoints_from(
+                                state.step,
+                                self.total,
+                                config.checkpoint.every_steps,
+                                self.options.checkpoint_at_end,
+                            ),
+                            self.checkpoint_seconds,
+                        ),
                         epoch=state.data.epoch,
                         tokens_seen=state.tokens_seen,
                     )
@@ -311,6 +325,7 @@ class TrainingRun:
     def _checkpoint(
         self, strategy: Strategy, state: checkpoint.TrainerState, data: SequenceData, pad_id: int
     ) -> None:
+        started = time.perf_counter()
         directory = checkpoint.save(strategy, state, self.run_dir, self.env)
         metrics: dict[str, Any] = {"step": state.step, "loss": self.last_loss}
         if data.validation is not None:
@@ -319,7 +334,16 @@ class TrainingRun:
                 metrics["val_loss"] = val_loss
                 self._emit(MetricsRecord("validation", state.step, self.total, val_loss=val_loss))
         checkpoint.report(directory, metrics, self.env)
-        self._emit(MetricsRecord("checkpoint", state.step, self.total, path=str(directory)))
+        self.checkpoint_seconds = time.perf_counter() - started
+        self._emit(
+            MetricsRecord(
+                "checkpoint",
+                state.step,
+                self.total,
+                path=str(directory),
+                checkpoint_seconds=self.checkpoint_seconds,
+            )
+        )
 
     @torch.no_grad()
     def _validate(self, strategy: Strategy, data: SequenceData, pad_id: int) -> float | None:

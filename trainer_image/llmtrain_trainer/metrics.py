@@ -63,6 +63,8 @@ class MetricsRecord:
     tokens_seen: int | None = None
     val_loss: float | None = None
     path: str | None = None
+    checkpoint_seconds: float | None = None
+    """On a checkpoint record: how long training paused for it (save and validation)."""
     message: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -163,5 +165,17 @@ def batch_counts(batch: dict[str, torch.Tensor]) -> BatchCounts:
     )
 
 
-def eta_seconds(steps_left: int, seconds_per_step: float) -> float:
-    return max(0, steps_left) * seconds_per_step
+def checkpoints_from(step: int, total: int, every: int, at_end: bool) -> int:
+    """How many checkpoints the steps `step`..`total` will write (every `every` steps, plus the
+    last step's when `at_end` and it is off that grid)."""
+    if step > total:
+        return 0
+    grid = total // every - (step - 1) // every
+    return grid + (1 if at_end and total % every else 0)
+
+
+def eta_seconds(
+    steps_left: int, seconds_per_step: float, checkpoints_left: int = 0, checkpoint_seconds: float = 0.0
+) -> float:
+    """Time to the end: the steps left, and the checkpoints still to write at the last one's cost."""
+    return max(0, steps_left) * seconds_per_step + max(0, checkpoints_left) * checkpoint_seconds
