@@ -25,8 +25,8 @@ ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "d
 TOLERANCE = 0.05
 
 
-def tiny_model(method: str) -> tuple[nn.Module, object]:
-    config = model_config(ModelSpec(config=TINY_LLAMA, tokenizer="byte-level"))
+def tiny_model(method: str, **overrides: int) -> tuple[nn.Module, object]:
+    config = model_config(ModelSpec(config={**TINY_LLAMA, **overrides}, tokenizer="byte-level"))
     model = build_from_config(config, torch.float32, meta=False, seed=0)
     lora = {"lora": {"targetModules": ALL_LINEAR, "dropout": 0.0}} if method == "lora" else {}
     return apply_lora(model, MethodSpec.model_validate({"type": method, **lora})), config
@@ -46,10 +46,14 @@ def packed_batch(rows: int, length: int) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "labels": ids.clone()}
 
 
-@pytest.mark.parametrize("method", ["full", "lora"])
-def test_step_flops_match_what_torch_counts(method: str) -> None:
+@pytest.mark.parametrize(
+    ("method", "overrides"),
+    [("full", {}), ("lora", {}), ("full", {"head_dim": 32})],  # 4 heads × 32 wider than hidden 64
+    ids=["full", "lora", "wide-heads"],
+)
+def test_step_flops_match_what_torch_counts(method: str, overrides: dict[str, int]) -> None:
     """LoRA's frozen base does no weight-gradient matmul: 4 FLOPs per frozen weight, not 6."""
-    model, config = tiny_model(method)
+    model, config = tiny_model(method, **overrides)
     batch = packed_batch(4, 128)
     counts = batch_counts(batch)
     estimate = training_flops(config, model).of(counts.inputs, counts.attended_pairs)

@@ -206,16 +206,18 @@ def _global_numel(param: torch.Tensor) -> int:
 class TrainingFlops:
     """The model FLOPs of a training step, from the work the step really does.
 
-    MFU counts useful model work only (the PaLM convention): padding positions, activation
-    recomputation and the causal mask's skipped half are not credited, and neither tokens nor
-    FLOPs include padding. What is counted:
+    MFU counts useful model work only (the PaLM convention): padding positions and activation
+    recomputation are not credited, and neither tokens nor FLOPs include padding. Attention is
+    credited over the full t×t score matrix, as PaLM and `torch.utils.flop_counter` count it (a
+    causal kernel may skip half of it). What is counted:
 
     - matmuls, per real input token: 6 FLOPs per trainable weight (forward, input gradient,
       weight gradient) and 4 per frozen one (a LoRA base computes no weight gradient); the input
       embedding is a lookup and counts nothing, a tied output head is a matmul and counts;
     - attention, per pair of (query, key) positions of one sequence: 12·L·d (QKᵀ and AV, 4·d
-      forward and 8·d backward over all layers), summed over each sequence's real length squared.
-      A padded row of t real tokens thus counts t², a packed row of T tokens T².
+      forward and 8·d backward over all layers; d = heads × head_dim), summed over each
+      sequence's real length squared. A padded row of t real tokens thus counts t², a packed row
+      of T tokens T².
 
     One approximation: the frozen projections of the first block under LoRA see an input that
     needs no gradient, so autograd skips their input gradient; that is 1/L of them and ignored.
@@ -232,9 +234,14 @@ class TrainingFlops:
 def training_flops(config: PretrainedConfig, model: nn.Module) -> TrainingFlops:
     """TrainingFlops of `model` (any wrapper: DDP, DeepSpeed, peft; sharded or not)."""
     frozen, trainable = _matmul_parameters(model)
-    hidden = int(getattr(config, "hidden_size", 0) or 0)
     layers = int(getattr(config, "num_hidden_layers", 0) or 0)
-    return TrainingFlops(per_token=4.0 * frozen + 6.0 * trainable, per_attended_pair=12.0 * layers * hidden)
+    # The width of the attention products: heads × head_dim, which some models set apart from
+    # the hidden size (Gemma, Qwen3); the hidden size otherwise.
+    width = int(getattr(config, "hidden_size", 0) or 0)
+    heads, head_dim = getattr(config, "num_attention_heads", None), getattr(config, "head_dim", None)
+    if heads and head_dim:
+        width = int(heads) * int(head_dim)
+    return TrainingFlops(per_token=4.0 * frozen + 6.0 * trainable, per_attended_pair=12.0 * layers * width)
 
 
 def _matmul_parameters(model: nn.Module) -> tuple[int, int]:
