@@ -7,9 +7,10 @@ prints one line per strategy:
 
     device=<GPU name> gpus=<n> strategy=<fsdp|zero3> tokens_per_s=<all GPUs> mfu=<fraction>
 
-tokens/s and MFU are the trainer's own metrics (MFU = tokens/s × (6·N + 12·L·d·T) over the
-GPU's dense bf16 peak), averaged over the steps after `--warmup` steps. Without a CUDA device it
-prints why and exits 2: there is nothing to measure.
+tokens/s and MFU are the trainer's own metrics (`model.TrainingFlops`: 6 FLOPs per trainable and
+4 per frozen matmul weight per token, plus 12·L·d per attended pair, over the GPU's dense bf16
+peak; packed text here, so 6·N + 12·L·d·T), averaged over the steps after `--warmup` steps.
+Without a CUDA device it prints why and exits 2: there is nothing to measure.
 
     python benchmarks/gpu_mfu.py [--steps 40] [--micro-batch 4] [--strategies fsdp zero3]
 """

@@ -78,6 +78,16 @@ def test_loss_falls(trained: TrainerConfig) -> None:
         assert validation[30] < validation[10]
 
 
+def test_checkpoint_time_is_reported_and_in_the_eta(train_case: Callable[[str], TrainerConfig]) -> None:
+    """After the step-10 checkpoint, each ETA holds the checkpoints left at its measured cost."""
+    history = records(train_case("fsdp"))
+    saves = {r.step: r.checkpoint_seconds for r in history if r.event == "checkpoint"}
+    assert sorted(saves) == [10, 20, 30] and all(s is not None and s > 0 for s in saves.values())
+    step_11 = next(r for r in history if r.event == "step" and r.step == 11)
+    assert step_11.eta_seconds is not None and saves[10] is not None
+    assert step_11.eta_seconds >= 2 * saves[10]  # the checkpoints at 20 and 30 are still ahead
+
+
 def test_export_loads_and_generates(trained: TrainerConfig) -> None:
     export = Path(trained.export_dir)
     assert (export / "model.safetensors").exists() and (export / "tokenizer.json").exists()

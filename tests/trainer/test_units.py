@@ -16,16 +16,15 @@ from typing import Any, ClassVar
 import pytest
 import torch
 import yaml
-from llmtrain.api.spec import DeepSpeedSpec, ModelSpec, TrainingSpec
+from llmtrain.api.spec import DeepSpeedSpec, TrainingSpec
 from llmtrain_trainer import kube_progress, local
 from llmtrain_trainer.metrics import MetricsRecord, Throughput
-from llmtrain_trainer.model import flops_per_token, model_config
 from llmtrain_trainer.optim import lr_factor
 from llmtrain_trainer.rundir import METRICS_FILE, RESULT_FILE
 from llmtrain_trainer.strategies.deepspeed import deepspeed_config
 
 from tests.support.cluster import pki
-from tests.trainer.helpers import REPO, TINY_LLAMA
+from tests.trainer.helpers import REPO
 
 
 def test_warmup_then_cosine_linear_constant() -> None:
@@ -53,21 +52,23 @@ def test_deepspeed_config_is_fully_resolved(stage: int) -> None:
     assert config["zero_force_ds_cpu_optimizer"] is False  # we bring a torch AdamW
     assert ("offload_param" in zero) == (stage == 3)
     assert zero.get("stage3_gather_16bit_weights_on_model_save", stage != 3) is True
+    # bf16 reduces and accumulates gradients in fp32, as FSDP2's reduce_dtype does.
+    assert config["communication_data_type"] == "fp32"
+    assert config["data_types"] == {"grad_accum_dtype": "fp32"}
 
 
-def test_flops_per_token_counts_attention_and_skips_input_embedding() -> None:
-    config = model_config(
-        ModelSpec(config={**TINY_LLAMA, "tie_word_embeddings": False}, tokenizer="byte-level")
-    )
-    n = 1_000_000
-    expected = 6 * (n - 384 * 64) + 12 * 2 * 64 * 128
-    assert flops_per_token(config, n, 128) == expected
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_deepspeed_keeps_its_gradient_dtypes_outside_bf16(dtype: torch.dtype) -> None:
+    """fp16 keeps DeepSpeed's own loss-scaled path; fp32 is fp32 throughout anyway."""
+    config = deepspeed_config(DeepSpeedSpec(zero_stage=2), TrainingSpec(), 1, dtype, 64)
+    assert "communication_data_type" not in config and "data_types" not in config
+    assert config["fp16"]["enabled"] == (dtype == torch.float16) and config["fp16"]["loss_scale"] == 0
 
 
 def test_mfu_is_throughput_over_peak() -> None:
-    meter = Throughput(flops_per_token=1e9, peak=1e12, world_size=2)
+    meter = Throughput(peak=1e12, world_size=2)
     meter._seconds, meter._started = 1.0, None  # one second of stepping, measured
-    meter.add_tokens(400)
+    meter.add(400, 400 * 1e9)
     rate, mfu = meter.measure()
     assert rate == pytest.approx(400) and mfu == pytest.approx(400 * 1e9 / 2e12)
 

@@ -120,6 +120,11 @@ def test_status_keeps_kopf_bookkeeping_and_progress() -> None:
         "lastCheckpoint",
         "updatedAt",
     }
+    assert set(status["progress"]["properties"]["lastCheckpoint"]["properties"]) == {
+        "path",
+        "step",
+        "seconds",
+    }
     assert status["conditions"]["items"]["required"] == ["type", "status", "lastTransitionTime", "reason"]
 
 

@@ -91,6 +91,8 @@ def progress_fields(state: dict[str, Any], record: MetricsRecord) -> dict[str, A
         out["etaSeconds"] = max(0, int(record.eta_seconds))
     if record.event == "checkpoint" and record.path:
         out["lastCheckpoint"] = {"path": record.path, "step": record.step}
+        if record.checkpoint_seconds is not None:
+            out["lastCheckpoint"]["seconds"] = round(record.checkpoint_seconds, 3)
     if record.event == "finished":
         out["etaSeconds"] = 0
     out["updatedAt"] = _rfc3339(record.time)

@@ -36,8 +36,16 @@ from llmtrain_trainer.distributed import (
 from llmtrain_trainer.export import export_model
 from llmtrain_trainer.fabric_check import check_fabric, should_check
 from llmtrain_trainer.loss import token_loss_sum, trained_tokens
-from llmtrain_trainer.metrics import MetricsRecord, Throughput, eta_seconds, input_token_count, peak_flops
-from llmtrain_trainer.model import count_parameters, flops_per_token, model_config
+from llmtrain_trainer.metrics import (
+    BatchCounts,
+    MetricsRecord,
+    Throughput,
+    batch_counts,
+    checkpoints_from,
+    eta_seconds,
+    peak_flops,
+)
+from llmtrain_trainer.model import TrainingFlops, count_parameters, model_config, training_flops
 from llmtrain_trainer.progress import FanOut, open_sinks
 from llmtrain_trainer.resume_from import resolve, run_shape
 from llmtrain_trainer.rundir import RESULT_FILE, latest_checkpoint
@@ -119,6 +127,16 @@ def total_steps(config: TrainerConfig, num_sequences: int, world_size: int) -> i
     return max(1, config.training.epochs * (num_sequences // per_step))
 
 
+def next_step_batches(
+    batches: DistributedBatches, count: int, device: torch.device
+) -> tuple[list[dict[str, torch.Tensor]], BatchCounts]:
+    """A step's micro-batches on the device, and their counts taken on the CPU copies first."""
+    host = [batches.next_batch() for _ in range(count)]
+    counts = sum((batch_counts(batch) for batch in host), BatchCounts(0, 0, 0))
+    on_device = [{k: v.to(device, non_blocking=True) for k, v in batch.items()} for batch in host]
+    return on_device, counts
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -138,6 +156,9 @@ class TrainingRun:
         self.last_loss: float | None = None
         self.train_seconds: float | None = None
         self.tokens_per_second: float | None = None
+        self.checkpoint_seconds = 0.0
+        """How long the latest checkpoint paused training; the ETA expects each one left to take
+        as long (0 until the first)."""
         self.seeded_from: str | None = None
         """spec.resumeFrom's checkpoint, when this attempt started from it."""
         self.skipped_checkpoints: list[str] = []
@@ -213,15 +234,10 @@ class TrainingRun:
         batches = DistributedBatches(
             data.train, training.micro_batch_size, env.rank, env.world_size, training.seed, pad_id, state.data
         )
-        hf_config = model_config(config.model)
-        n_params, _ = count_parameters(strategy.model)
-        throughput = Throughput(
-            flops_per_token(hf_config, n_params, config.dataset.max_seq_length),
-            peak_flops(env.device),
-            env.world_size,
-        )
+        flops = training_flops(model_config(config.model), strategy.model)
+        throughput = Throughput(peak_flops(env.device), env.world_size)
         # Packed text has the same number of trained tokens in every micro-batch: no need to count
-        # them, let alone across ranks, before each step.
+        # them across ranks before each step.
         fixed_local_tokens = (
             training.micro_batch_size
             * (config.dataset.max_seq_length - 1)
@@ -232,7 +248,9 @@ class TrainingRun:
         watchdog = self._watchdog()
         watchdog.start(state.step)
         try:
-            self._steps(strategy, data, state, pad_id, batches, throughput, fixed_local_tokens, watchdog)
+            self._steps(
+                strategy, data, state, pad_id, batches, throughput, flops, fixed_local_tokens, watchdog
+            )
         finally:
             watchdog.stop()
         throughput.measure()
@@ -260,40 +278,39 @@ class TrainingRun:
         pad_id: int,
         batches: DistributedBatches,
         throughput: Throughput,
+        flops: TrainingFlops,
         fixed_local_tokens: int | None,
         watchdog: StepWatchdog,
     ) -> None:
         config, env = self.config, self.env
         training = config.training
-        totals = torch.zeros(3, dtype=torch.float64, device=env.device)  # loss sum, trained, input tokens
+        losses = torch.zeros(2, dtype=torch.float64, device=env.device)  # loss sum, trained tokens
+        # Input tokens and attended pairs since the last flush, summed over ranks when flushed.
+        counts = torch.zeros(2, dtype=torch.float64, device=env.device)
         grad_norm: torch.Tensor | float | None = None
         interval_start, interval_step = time.perf_counter(), state.step
         first_step = state.step
         strategy.train()
         while state.step < self.total:
-            micro_batches = [
-                {k: v.to(env.device, non_blocking=True) for k, v in batches.next_batch().items()}
-                for _ in range(training.gradient_accumulation_steps)
-            ]
+            micro_batches, step_counts = next_step_batches(
+                batches, training.gradient_accumulation_steps, env.device
+            )
             if fixed_local_tokens is not None:
-                local_trained, step_trained = fixed_local_tokens, fixed_local_tokens * env.world_size
+                step_trained = fixed_local_tokens * env.world_size
             else:
-                local_trained = sum(trained_tokens(mb["labels"]) for mb in micro_batches)
-                step_trained = self._sum_over_ranks(local_trained)
+                step_trained = self._sum_over_ranks(step_counts.trained)
             scale = env.world_size / max(step_trained, 1)
             for i, micro_batch in enumerate(micro_batches):
                 loss_sum = strategy.forward_backward(
                     micro_batch, scale, last_micro_batch=i == len(micro_batches) - 1
                 )
-                totals[0] += loss_sum.to(torch.float64)
-            input_tokens = sum(input_token_count(mb) for mb in micro_batches)
-            totals[1] += local_trained
-            totals[2] += input_tokens
-            throughput.add_tokens(input_tokens * env.world_size)
+                losses[0] += loss_sum.to(torch.float64)
+            losses[1] += step_counts.trained
+            counts[0] += step_counts.inputs
+            counts[1] += step_counts.attended_pairs
             grad_norm = strategy.step()
             state.step += 1
             state.data = batches.position
-            state.tokens_seen += input_tokens * env.world_size
             watchdog.beat(state.step)
             if state.step == first_step + 1 and apply_training_timeout(config):
                 watchdog.set_timeout(training_timeout_seconds(config))
@@ -302,8 +319,9 @@ class TrainingRun:
 
             last = state.step == self.total
             if state.step % training.log_every_steps == 0 or state.step == 1 or last:
-                dist.all_reduce(totals)
-                loss = float(totals[0] / totals[1].clamp(min=1))
+                dist.all_reduce(losses)
+                self._flush_counts(counts, state, throughput, flops)
+                loss = float(losses[0] / losses[1].clamp(min=1))
                 rate, mfu = throughput.measure()
                 seconds_per_step = (time.perf_counter() - interval_start) / max(1, state.step - interval_step)
                 interval_start, interval_step = time.perf_counter(), state.step
@@ -317,19 +335,42 @@ class TrainingRun:
                         grad_norm=None if grad_norm is None else scalar(grad_norm),
                         tokens_per_second=rate,
                         mfu=mfu,
-                        eta_seconds=eta_seconds(self.total - state.step, seconds_per_step),
+                        eta_seconds=eta_seconds(
+                            self.total - state.step,
+                            seconds_per_step,
+                            checkpoints_from(
+                                state.step,
+                                self.total,
+                                config.checkpoint.every_steps,
+                                self.options.checkpoint_at_end,
+                            ),
+                            self.checkpoint_seconds,
+                        ),
                         epoch=state.data.epoch,
                         tokens_seen=state.tokens_seen,
                     )
                 )
                 self.last_loss = loss
-                totals.zero_()
+                losses.zero_()
             if state.step % config.checkpoint.every_steps == 0 or (last and self.options.checkpoint_at_end):
+                self._flush_counts(counts, state, throughput, flops)  # tokens_seen goes in the checkpoint
                 throughput.pause()
                 self._checkpoint(strategy, state, data, pad_id)
                 watchdog.beat(state.step)
                 throughput.resume()
                 interval_start = time.perf_counter()
+
+    @staticmethod
+    def _flush_counts(
+        counts: torch.Tensor, state: checkpoint.TrainerState, throughput: Throughput, flops: TrainingFlops
+    ) -> None:
+        """Sum the input tokens and attended pairs over ranks (a collective) into tokens_seen and
+        the throughput; a no-op sum after a flush in the same step."""
+        dist.all_reduce(counts)
+        tokens, pairs = (int(value) for value in counts.tolist())
+        counts.zero_()
+        state.tokens_seen += tokens
+        throughput.add(tokens, flops.of(tokens, pairs))
 
     def _sum_over_ranks(self, value: int) -> int:
         tensor = torch.tensor([value], dtype=torch.float64, device=self.env.device)
@@ -339,6 +380,7 @@ class TrainingRun:
     def _checkpoint(
         self, strategy: Strategy, state: checkpoint.TrainerState, data: SequenceData, pad_id: int
     ) -> None:
+        started = time.perf_counter()
         directory = checkpoint.save(strategy, state, self.run_dir, self.env)
         metrics: dict[str, Any] = {"step": state.step, "loss": self.last_loss}
         if data.validation is not None:
@@ -347,7 +389,16 @@ class TrainingRun:
                 metrics["val_loss"] = val_loss
                 self._emit(MetricsRecord("validation", state.step, self.total, val_loss=val_loss))
         checkpoint.report(directory, metrics, self.env)
-        self._emit(MetricsRecord("checkpoint", state.step, self.total, path=str(directory)))
+        self.checkpoint_seconds = time.perf_counter() - started
+        self._emit(
+            MetricsRecord(
+                "checkpoint",
+                state.step,
+                self.total,
+                path=str(directory),
+                checkpoint_seconds=self.checkpoint_seconds,
+            )
+        )
 
     @torch.no_grad()
     def _validate(self, strategy: Strategy, data: SequenceData, pad_id: int) -> float | None:
@@ -357,9 +408,9 @@ class TrainingRun:
         for batch in evaluation_batches(
             data.validation, self.config.training.micro_batch_size, self.env.rank, self.env.world_size, pad_id
         ):
+            totals[1] += trained_tokens(batch["labels"])  # on the CPU copy: no sync
             batch = {k: v.to(self.env.device) for k, v in batch.items()}
             totals[0] += token_loss_sum(strategy.forward(batch), batch["labels"]).to(torch.float64)
-            totals[1] += trained_tokens(batch["labels"])
         strategy.train(True)
         dist.all_reduce(totals)
         return float(totals[0] / totals[1]) if totals[1] > 0 else None

@@ -63,6 +63,8 @@ class MetricsRecord:
     tokens_seen: int | None = None
     val_loss: float | None = None
     path: str | None = None
+    checkpoint_seconds: float | None = None
+    """On a checkpoint record: how long training paused for it (save and validation)."""
     message: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -81,19 +83,21 @@ class Throughput:
     excluded with `pause()`/`resume()`, so a checkpoint does not look like a slow step.
     """
 
-    def __init__(self, flops_per_token: float, peak: float | None, world_size: int) -> None:
-        self.flops_per_token = flops_per_token
+    def __init__(self, peak: float | None, world_size: int) -> None:
         self.peak = peak
         self.world_size = world_size
         self.train_seconds = 0.0
         self.train_tokens = 0
         self._tokens = 0
+        self._flops = 0.0
         self._seconds = 0.0
         self._started: float | None = time.perf_counter()
 
-    def add_tokens(self, tokens: int) -> None:
-        """Tokens processed by all ranks (inputs, including packing and padding positions)."""
+    def add(self, tokens: int, flops: float) -> None:
+        """Real input tokens of all ranks (padding excluded, see `BatchCounts`) and the model FLOPs
+        spent on them (`model.TrainingFlops`)."""
         self._tokens += tokens
+        self._flops += flops
 
     def pause(self) -> None:
         if self._started is not None:
@@ -107,15 +111,15 @@ class Throughput:
     def measure(self) -> tuple[float, float | None]:
         """(tokens/s across all ranks, MFU or None) since the previous call."""
         self.pause()
-        seconds, tokens = self._seconds, self._tokens
+        seconds, tokens, flops = self._seconds, self._tokens, self._flops
         self.train_seconds += seconds
         self.train_tokens += tokens
-        self._seconds, self._tokens = 0.0, 0
+        self._seconds, self._tokens, self._flops = 0.0, 0, 0.0
         self.resume()
         rate = tokens / seconds if seconds > 0 else 0.0
         mfu = None
-        if self.peak:
-            mfu = rate * self.flops_per_token / (self.peak * self.world_size)
+        if self.peak and seconds > 0:
+            mfu = flops / seconds / (self.peak * self.world_size)
         return rate, mfu
 
     @property
@@ -123,11 +127,55 @@ class Throughput:
         return self.train_tokens / self.train_seconds if self.train_seconds > 0 else 0.0
 
 
-def input_token_count(batch: dict[str, torch.Tensor]) -> int:
-    """Tokens the model reads in a micro-batch (padding excluded)."""
+@dataclass(frozen=True)
+class BatchCounts:
+    """What a micro-batch holds, counted on its CPU copy before it is sent to the device: reading a
+    count off a device tensor would be a host-device sync on every micro-batch."""
+
+    trained: int
+    """Tokens that contribute to the loss (`loss.trained_tokens`)."""
+    inputs: int
+    """Real tokens the model reads (padding excluded)."""
+    attended_pairs: int
+    """Σ over rows of the real length squared: the (query, key) pairs attention is credited for."""
+
+    def __add__(self, other: BatchCounts) -> BatchCounts:
+        return BatchCounts(
+            self.trained + other.trained,
+            self.inputs + other.inputs,
+            self.attended_pairs + other.attended_pairs,
+        )
+
+
+def batch_counts(batch: dict[str, torch.Tensor]) -> BatchCounts:
+    """Counts of a micro-batch still on the CPU (refuses device tensors, which would sync)."""
+    import torch
+
+    from llmtrain_trainer.loss import trained_tokens
+
+    ids = batch["input_ids"]
+    if ids.device.type != "cpu":
+        raise ValueError(f"count micro-batches on their CPU copy, not on {ids.device}")
     mask = batch.get("attention_mask")
-    return int(mask.sum()) if mask is not None else batch["input_ids"].numel()
+    lengths = mask.sum(dim=1) if mask is not None else torch.full((ids.shape[0],), ids.shape[1])
+    return BatchCounts(
+        trained=trained_tokens(batch["labels"]),
+        inputs=int(lengths.sum()),
+        attended_pairs=int((lengths * lengths).sum()),
+    )
 
 
-def eta_seconds(steps_left: int, seconds_per_step: float) -> float:
-    return max(0, steps_left) * seconds_per_step
+def checkpoints_from(step: int, total: int, every: int, at_end: bool) -> int:
+    """How many checkpoints the steps `step`..`total` will write (every `every` steps, plus the
+    last step's when `at_end` and it is off that grid)."""
+    if step > total:
+        return 0
+    grid = total // every - (step - 1) // every
+    return grid + (1 if at_end and total % every else 0)
+
+
+def eta_seconds(
+    steps_left: int, seconds_per_step: float, checkpoints_left: int = 0, checkpoint_seconds: float = 0.0
+) -> float:
+    """Time to the end: the steps left, and the checkpoints still to write at the last one's cost."""
+    return max(0, steps_left) * seconds_per_step + max(0, checkpoints_left) * checkpoint_seconds

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -201,12 +202,55 @@ def _global_numel(param: torch.Tensor) -> int:
     return int(ds_numel) if ds_numel is not None else param.numel()
 
 
-def flops_per_token(config: PretrainedConfig, n_params: int, seq_length: int) -> float:
-    """Training FLOPs per token: 6·N (N without the input embedding) + 12·L·d·T for attention."""
-    hidden = int(getattr(config, "hidden_size", 0) or 0)
+@dataclass(frozen=True)
+class TrainingFlops:
+    """The model FLOPs of a training step, from the work the step really does.
+
+    MFU counts useful model work only (the PaLM convention): padding positions and activation
+    recomputation are not credited, and neither tokens nor FLOPs include padding. Attention is
+    credited over the full t×t score matrix, as PaLM and `torch.utils.flop_counter` count it (a
+    causal kernel may skip half of it). What is counted:
+
+    - matmuls, per real input token: 6 FLOPs per trainable weight (forward, input gradient,
+      weight gradient) and 4 per frozen one (a LoRA base computes no weight gradient); the input
+      embedding is a lookup and counts nothing, a tied output head is a matmul and counts;
+    - attention, per pair of (query, key) positions of one sequence: 12·L·d (QKᵀ and AV, 4·d
+      forward and 8·d backward over all layers; d = heads × head_dim), summed over each
+      sequence's real length squared. A padded row of t real tokens thus counts t², a packed row
+      of T tokens T².
+
+    One approximation: the frozen projections of the first block under LoRA see an input that
+    needs no gradient, so autograd skips their input gradient; that is 1/L of them and ignored.
+    """
+
+    per_token: float
+    per_attended_pair: float
+
+    def of(self, tokens: float, attended_pairs: float) -> float:
+        """FLOPs for `tokens` real input tokens whose sequences sum to `attended_pairs` (Σ t²)."""
+        return self.per_token * tokens + self.per_attended_pair * attended_pairs
+
+
+def training_flops(config: PretrainedConfig, model: nn.Module) -> TrainingFlops:
+    """TrainingFlops of `model` (any wrapper: DDP, DeepSpeed, peft; sharded or not)."""
+    frozen, trainable = _matmul_parameters(model)
     layers = int(getattr(config, "num_hidden_layers", 0) or 0)
-    vocab = int(getattr(config, "vocab_size", 0) or 0)
-    tied = bool(getattr(config, "tie_word_embeddings", False))
-    # The input embedding is a lookup, not a matmul; a tied output head still does the matmul.
-    non_embedding = n_params - (0 if tied else vocab * hidden)
-    return 6.0 * non_embedding + 12.0 * layers * hidden * seq_length
+    # The width of the attention products: heads × head_dim, which some models set apart from
+    # the hidden size (Gemma, Qwen3); the hidden size otherwise.
+    width = int(getattr(config, "hidden_size", 0) or 0)
+    heads, head_dim = getattr(config, "num_attention_heads", None), getattr(config, "head_dim", None)
+    if heads and head_dim:
+        width = int(heads) * int(head_dim)
+    return TrainingFlops(per_token=4.0 * frozen + 6.0 * trainable, per_attended_pair=12.0 * layers * width)
+
+
+def _matmul_parameters(model: nn.Module) -> tuple[int, int]:
+    """(frozen, trainable) counts of the parameters that take part in matmuls: all but those
+    owned only by an embedding (a lookup); a tied head shares the embedding's tensor and counts."""
+    used: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        if not isinstance(module, nn.Embedding):
+            used.update({id(p): p for p in module._parameters.values() if p is not None})
+    frozen = sum(_global_numel(p) for p in used.values() if not p.requires_grad)
+    trainable = sum(_global_numel(p) for p in used.values() if p.requires_grad)
+    return frozen, trainable

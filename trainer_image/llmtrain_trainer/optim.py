@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from functools import partial
+from typing import Any
 
 import torch
 from llmtrain.api.spec import TrainingSpec
+from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 
@@ -27,17 +28,37 @@ def lr_factor(step: int, *, warmup: int, total: int, kind: str) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_optimizer(
-    params: Iterable[torch.nn.Parameter], training: TrainingSpec, on_gpu: bool
-) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters; the fused kernel on GPUs."""
-    trainable = [p for p in params if p.requires_grad]
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """The trainable parameters in two AdamW groups: decay for the matmul weights, none for norm
+    gains and biases (1-D) and for embeddings, whose decay only shrinks them toward zero.
+
+    Shapes are the full ones: a ZeRO-3 partition is an empty 1-D tensor with the shape in
+    `ds_shape`, and an FSDP2 DTensor reports its global shape.
+    """
+    embeddings = {
+        id(param)
+        for module in model.modules()
+        if isinstance(module, nn.Embedding)
+        for param in module.parameters(recurse=False)
+    }
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    for _, param in model.named_parameters():  # a tied tensor once
+        if not param.requires_grad:
+            continue
+        shape = getattr(param, "ds_shape", None) or param.shape
+        (no_decay if len(shape) < 2 or id(param) in embeddings else decay).append(param)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [group for group in groups if group["params"]]
+
+
+def build_optimizer(model: nn.Module, training: TrainingSpec, on_gpu: bool) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters (`parameter_groups`); the fused kernel on GPUs."""
     return torch.optim.AdamW(
-        trainable,
+        parameter_groups(model, training.weight_decay),
         lr=training.learning_rate,
         betas=(0.9, 0.95),
         eps=1e-8,
-        weight_decay=training.weight_decay,
         fused=True if on_gpu else None,
     )
 

@@ -62,6 +62,8 @@ class LogSink:
 def format_record(record: MetricsRecord) -> str:
     if record.event != "step":
         details = record.message or record.path or ""
+        if record.checkpoint_seconds is not None:
+            details += f" ({record.checkpoint_seconds:.1f} s)"
         return f"[{record.event}] step {record.step}/{record.total_steps} {details}".rstrip()
     parts = [f"step {record.step}/{record.total_steps}", f"loss {record.loss:.4f}"]
     if record.learning_rate is not None:

@@ -87,7 +87,10 @@ class ConsoleProgress:
         elif record.event == "started":
             progress.update(task, total=record.total_steps, completed=record.step, stats="training…")
         elif record.event == "checkpoint":
-            progress.console.print(f"[dim]checkpoint at step {record.step}: {escape(str(record.path))}[/dim]")
+            took = "" if record.checkpoint_seconds is None else f" ({record.checkpoint_seconds:.1f} s)"
+            progress.console.print(
+                f"[dim]checkpoint at step {record.step}{took}: {escape(str(record.path))}[/dim]"
+            )
         elif record.event == "validation":
             progress.console.print(f"validation loss at step {record.step}: {record.val_loss:.4f}")
         elif record.event == "exported":

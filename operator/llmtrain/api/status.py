@@ -30,6 +30,12 @@ class CheckpointRef(ApiModel):
 
     path: str = Field(max_length=4096, description="Checkpoint directory on the shared storage.")
     step: int = Field(ge=0, description="Optimizer step the checkpoint holds.")
+    seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description="Seconds training paused for it (the save, and validation when configured); "
+        "etaSeconds counts this for every checkpoint still to come.",
+    )
 
 
 class Progress(ApiModel):

@@ -12,7 +12,7 @@ from torch.nn.parallel import DistributedDataParallel
 from llmtrain_trainer import model as models
 from llmtrain_trainer.distributed import WorkerEnv
 from llmtrain_trainer.optim import build_optimizer, build_scheduler
-from llmtrain_trainer.strategies.torch_native import TorchNativeStrategy
+from llmtrain_trainer.strategies.torch_native import TorchNativeStrategy, loss_scaler
 from llmtrain_trainer.weights import fetch_weights
 
 if TYPE_CHECKING:
@@ -40,9 +40,9 @@ class DdpStrategy(TorchNativeStrategy):
         base.to(env.device)
         self.ddp = DistributedDataParallel(base, device_ids=[env.device.index] if env.on_gpu else None)
         self.model = self.ddp
-        self.optimizer = build_optimizer(self.model.parameters(), config.training, env.on_gpu)
+        self.optimizer = build_optimizer(self.model, config.training, env.on_gpu)
         self.scheduler = build_scheduler(self.optimizer, config.training, total_steps)
-        self.scaler = torch.amp.GradScaler("cuda") if self.dtype == torch.float16 else None
+        self.scaler = loss_scaler(self.dtype, env.device, sharded=False)
         # LoRA checkpoints hold the adapters only: the frozen base comes from the pretrained weights.
         self._options = StateDictOptions(ignore_frozen_params=self.lora, strict=not self.lora)
 

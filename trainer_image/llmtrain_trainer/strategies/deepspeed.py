@@ -52,6 +52,14 @@ def deepspeed_config(
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if spec.offload_params:
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    # Under bf16, DeepSpeed would reduce gradients across ranks and accumulate them over
+    # micro-batches in bf16 (its defaults follow the model dtype); FSDP2 does both in fp32
+    # (MixedPrecisionPolicy reduce_dtype), and so do we here.
+    fp32_gradients: dict[str, Any] = (
+        {"communication_data_type": "fp32", "data_types": {"grad_accum_dtype": "fp32"}}
+        if dtype == torch.bfloat16
+        else {}
+    )
     return {
         "train_micro_batch_size_per_gpu": training.micro_batch_size,
         "gradient_accumulation_steps": training.gradient_accumulation_steps,
@@ -60,6 +68,7 @@ def deepspeed_config(
         "bf16": {"enabled": dtype == torch.bfloat16},
         "fp16": {"enabled": dtype == torch.float16, "loss_scale": 0, "initial_scale_power": 16},
         "zero_optimization": zero,
+        **fp32_gradients,
         # We bring a torch AdamW: allow it with ZeRO and with optimizer offload (no JIT-built
         # DeepSpeedCPUAdam needed).
         "zero_allow_untested_optimizer": True,
@@ -125,7 +134,7 @@ class DeepSpeedStrategy(Strategy):
         if config.training.gradient_checkpointing:
             models.enable_gradient_checkpointing(model)
 
-        optimizer = build_optimizer(model.parameters(), config.training, env.on_gpu)
+        optimizer = build_optimizer(model, config.training, env.on_gpu)
         engine, _, _, scheduler = deepspeed.initialize(
             model=model,
             optimizer=optimizer,
@@ -144,8 +153,10 @@ class DeepSpeedStrategy(Strategy):
         self.engine.step()
 
     def step(self) -> torch.Tensor | float | None:
-        norm = self.engine.get_global_grad_norm()
-        return None if norm is None else float(norm)
+        """The norm as DeepSpeed left it (a device tensor under ZeRO): the loop reads it only when
+        it logs, so stepping costs no host-device sync."""
+        norm: torch.Tensor | float | None = self.engine.get_global_grad_norm()
+        return norm
 
     @property
     def learning_rate(self) -> float:

@@ -32,7 +32,7 @@ from torch.distributed.fsdp import (
 from llmtrain_trainer import model as models
 from llmtrain_trainer.distributed import WorkerEnv
 from llmtrain_trainer.optim import build_optimizer, build_scheduler
-from llmtrain_trainer.strategies.torch_native import TorchNativeStrategy
+from llmtrain_trainer.strategies.torch_native import TorchNativeStrategy, loss_scaler
 from llmtrain_trainer.weights import fetch_weights, has_safetensors
 
 if TYPE_CHECKING:
@@ -66,9 +66,9 @@ class FsdpStrategy(TorchNativeStrategy):
             self._load_initial_weights(model, hf_config)
 
         self.model = model
-        self.optimizer = build_optimizer(model.parameters(), config.training, env.on_gpu)
+        self.optimizer = build_optimizer(model, config.training, env.on_gpu)
         self.scheduler = build_scheduler(self.optimizer, config.training, total_steps)
-        self.scaler = _grad_scaler(self.dtype)
+        self.scaler = loss_scaler(self.dtype, env.device, sharded=True)
         # LoRA checkpoints hold the adapters only: the frozen base comes from the pretrained weights.
         self._options = StateDictOptions(ignore_frozen_params=self.lora, strict=not self.lora)
 
@@ -210,12 +210,3 @@ def _restore_buffers(model: nn.Module, saved: dict[str, torch.Tensor], device: t
         for name, buffer in module._buffers.items():
             if buffer is not None:
                 module._buffers[name] = saved[f"{prefix}.{name}" if prefix else name].to(device)
-
-
-def _grad_scaler(dtype: torch.dtype) -> Any:
-    """fp16 needs loss scaling; bf16 and fp32 do not."""
-    if dtype != torch.float16:
-        return None
-    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-    return ShardedGradScaler()

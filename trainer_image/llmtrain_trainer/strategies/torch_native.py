@@ -23,6 +23,18 @@ from llmtrain_trainer.strategies.sharded_state import (
 )
 
 
+def loss_scaler(dtype: torch.dtype, device: torch.device, sharded: bool) -> torch.amp.GradScaler | None:
+    """fp16 needs dynamic loss scaling (bf16 and fp32 do not); FSDP2's sharded gradients need the
+    scaler that all-reduces its inf/NaN check across ranks."""
+    if dtype != torch.float16:
+        return None
+    if sharded:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(device=device.type)
+    return torch.amp.GradScaler(device.type)
+
+
 class TorchNativeStrategy(Strategy):
     optimizer: torch.optim.Optimizer
     scheduler: LRScheduler
