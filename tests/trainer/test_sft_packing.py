@@ -190,3 +190,31 @@ def test_chat_data_packs_with_assistant_masks(tokenizer) -> None:  # type: ignor
     assert sum(label != IGNORE_INDEX for label in packed["labels"][0]) == sum(
         label != IGNORE_INDEX for labels in alone["labels"] for label in labels[1:]
     )
+
+
+@pytest.mark.slow
+def test_packed_instruction_run_trains(ray_address: str, storage: Path) -> None:
+    """The shipped instruction data, packed, through 2 FSDP2 workers with validation: it trains."""
+    from llmtrain_trainer.loop import LoopOptions
+    from llmtrain_trainer.main import run_training
+
+    from tests.trainer.helpers import losses, records
+
+    config = tiny_config(
+        storage,
+        "packed-sft",
+        dataset={
+            "path": str(INSTRUCTIONS),
+            "format": "instruction",
+            "promptTemplate": TEMPLATE,
+            "maxSeqLength": 128,
+            "packing": True,
+            "validationSplit": 0.1,
+        },
+        training={"maxSteps": 20, "microBatchSize": 4, "learningRate": 0.003},
+        checkpoint={"everySteps": 20},
+    )
+    run_training(config, LoopOptions(log_lines=False))
+    curve = losses(config)
+    assert curve[20] < 0.7 * curve[1]
+    assert any(r.val_loss is not None for r in records(config))
