@@ -193,8 +193,10 @@ def test_chat_data_packs_with_assistant_masks(tokenizer) -> None:  # type: ignor
 
 
 @pytest.mark.slow
-def test_packed_instruction_run_trains(ray_address: str, storage: Path) -> None:
-    """The shipped instruction data, packed, through 2 FSDP2 workers with validation: it trains."""
+@pytest.mark.parametrize(("trainer", "strategy"), [("builtin", "fsdp"), ("huggingface", "ddp")])
+def test_packed_instruction_run_trains(ray_address: str, storage: Path, trainer: str, strategy: str) -> None:
+    """The shipped instruction data, packed, through 2 workers with validation: it trains, in the
+    built-in loop and in a `transformers.Trainer` (which gets the same rows from `collate`)."""
     from llmtrain_trainer.loop import LoopOptions
     from llmtrain_trainer.main import run_training
 
@@ -202,7 +204,9 @@ def test_packed_instruction_run_trains(ray_address: str, storage: Path) -> None:
 
     config = tiny_config(
         storage,
-        "packed-sft",
+        f"packed-sft-{trainer}",
+        trainer={"type": trainer},
+        strategy={"type": strategy},
         dataset={
             "path": str(INSTRUCTIONS),
             "format": "instruction",
