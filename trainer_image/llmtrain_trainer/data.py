@@ -267,9 +267,10 @@ def collate(
     Without padding (packed text) there is no attention mask: the model's plain causal mask is
     cheaper than an all-ones padding mask. Packed examples (rows with `position_ids`) get no
     attention mask either: Hugging Face models derive a block-diagonal causal mask from the
-    position restarts when the mask is absent (`find_packed_sequence_indices` for sdpa and eager,
-    variable-length kernels for flash-attention), and a mask would switch that off. Their padding
-    is one more segment of its own, with its own positions, that no real token attends to.
+    position restarts when the mask is absent (`masking_utils.find_packed_sequence_indices`, for
+    the default sdpa attention and eager; flash-attention only with one row per micro-batch), and
+    a mask would switch that off. Their padding is one more segment of its own, with its own
+    positions, that no real token attends to (and that `input_token_count` still counts).
     """
     longest = max(len(e["input_ids"]) for e in examples)
     length = -(-longest // multiple_of) * multiple_of
