@@ -156,6 +156,25 @@ def pack(token_lists: Sequence[Sequence[int]], seq_length: int) -> list[list[int
     return [flat[i : i + seq_length] for i in range(0, len(flat) - seq_length + 1, seq_length)]
 
 
+def pack_examples(examples: Sequence[Example], seq_length: int) -> dict[str, list[list[int]]]:
+    """Place whole examples side by side in rows of at most seq_length tokens, in order.
+
+    Each example keeps its labels except its first, which becomes IGNORE_INDEX: in a row that
+    label would be predicted from the previous example's last token, and alone it is never
+    predicted. `position_ids` restart at 0 with every example; the model reads those restarts as
+    document boundaries, so attention never crosses them (see `collate`).
+    """
+    rows: dict[str, list[list[int]]] = {"input_ids": [], "labels": [], "position_ids": []}
+    for example in examples:
+        if not rows["input_ids"] or len(rows["input_ids"][-1]) + len(example.input_ids) > seq_length:
+            for column in rows.values():
+                column.append([])
+        rows["input_ids"][-1].extend(example.input_ids)
+        rows["labels"][-1].extend([IGNORE_INDEX, *example.labels[1:]])
+        rows["position_ids"][-1].extend(range(len(example.input_ids)))
+    return rows
+
+
 def _text_batch(
     batch: dict[str, list[Any]], tokenizer: PreTrainedTokenizerBase, spec: DatasetSpec
 ) -> dict[str, list[list[int]]]:
@@ -164,7 +183,7 @@ def _text_batch(
             f"records have no field {spec.text_field!r} (dataset.textField); fields are {sorted(batch)}"
         )
     docs = [encode_text(str(text), tokenizer) for text in batch[spec.text_field]]
-    if spec.packing:
+    if spec.packs:
         sequences = pack(docs, spec.max_seq_length)
         return {"input_ids": sequences, "labels": sequences}
     truncated = [doc[: spec.max_seq_length] for doc in docs]
@@ -191,8 +210,10 @@ def _supervised_batch(
         else:
             messages = _require_field(record, spec.messages_field, "dataset.messagesField")
             example = encode_chat(messages, tokenizer, spec.max_seq_length)
-        if any(label != IGNORE_INDEX for label in example.labels):  # nothing to learn otherwise
+        if any(label != IGNORE_INDEX for label in example.labels[1:]):  # nothing to learn otherwise
             examples.append(example)
+    if spec.packs:
+        return pack_examples(examples, spec.max_seq_length)
     return {"input_ids": [e.input_ids for e in examples], "labels": [e.labels for e in examples]}
 
 
@@ -232,7 +253,7 @@ def build_sequences(spec: DatasetSpec, tokenizer: PreTrainedTokenizerBase, seed:
     if spec.validation_split > 0 and len(sequences) >= 2:
         parts = sequences.train_test_split(test_size=spec.validation_split, seed=seed, shuffle=True)
         sequences, validation = parts["train"], parts["test"]
-    return SequenceData(sequences, validation, fixed_label_count=spec.format == "text" and spec.packing)
+    return SequenceData(sequences, validation, fixed_label_count=spec.format == "text" and spec.packs)
 
 
 # ----------------------------------------------------------------------------- batching
@@ -244,24 +265,43 @@ def collate(
     """Right-pad to the longest sequence (rounded up to `multiple_of`); padding gets label -100.
 
     Without padding (packed text) there is no attention mask: the model's plain causal mask is
-    cheaper than an all-ones padding mask.
+    cheaper than an all-ones padding mask. Packed examples (rows with `position_ids`) get no
+    attention mask either: Hugging Face models derive a block-diagonal causal mask from the
+    position restarts when the mask is absent (`masking_utils.find_packed_sequence_indices`, for
+    the default sdpa attention and eager; flash-attention only with one row per micro-batch), and
+    a mask would switch that off. Their padding is one more segment of its own, with its own
+    positions, that no real token attends to (and that `input_token_count` still counts).
     """
     longest = max(len(e["input_ids"]) for e in examples)
     length = -(-longest // multiple_of) * multiple_of
-    if all(len(e["input_ids"]) == length for e in examples):  # packed: one tensor per field
+    packed = "position_ids" in examples[0]
+    if all(len(e["input_ids"]) == length for e in examples):  # no padding: one tensor per field
         return {
-            "input_ids": torch.tensor([e["input_ids"] for e in examples], dtype=torch.long),
-            "labels": torch.tensor([e["labels"] for e in examples], dtype=torch.long),
+            key: torch.tensor([e[key] for e in examples], dtype=torch.long)
+            for key in ("input_ids", "labels", "position_ids")
+            if key in examples[0]
         }
     input_ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
     labels = torch.full((len(examples), length), IGNORE_INDEX, dtype=torch.long)
     attention_mask = torch.zeros((len(examples), length), dtype=torch.long)
+    position_ids = torch.zeros((len(examples), length), dtype=torch.long)
     for row, example in enumerate(examples):
         n = len(example["input_ids"])
         input_ids[row, :n] = torch.tensor(example["input_ids"], dtype=torch.long)
         labels[row, :n] = torch.tensor(example["labels"], dtype=torch.long)
         attention_mask[row, :n] = 1
+        if packed:
+            position_ids[row, :n] = torch.tensor(example["position_ids"], dtype=torch.long)
+            position_ids[row, n:] = torch.arange(length - n)
+    if packed:
+        return {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
     return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
+
+
+def _row_examples(rows: dict[str, list[list[int]]]) -> list[dict[str, list[int]]]:
+    """Column slices of the sequence dataset → one dict per row, for `collate`."""
+    keys = [key for key in ("input_ids", "labels", "position_ids") if key in rows]
+    return [dict(zip(keys, values, strict=True)) for values in zip(*(rows[k] for k in keys), strict=True)]
 
 
 @dataclass(frozen=True)
@@ -334,11 +374,7 @@ class DistributedBatches:
         indices = self._epoch_order(epoch)[start : start + self.micro_batch]
         rows = self.dataset[indices]
         self.position = DataPosition(epoch, offset + self.global_batch)
-        examples = [
-            {"input_ids": ids, "labels": labels}
-            for ids, labels in zip(rows["input_ids"], rows["labels"], strict=True)
-        ]
-        return collate(examples, self.pad_id)
+        return collate(_row_examples(rows), self.pad_id)
 
 
 def evaluation_batches(
@@ -350,8 +386,4 @@ def evaluation_batches(
     for start in range(0, per_rank - micro_batch + 1, micro_batch):
         first = rank * per_rank + start
         rows = dataset[first : first + micro_batch]
-        examples = [
-            {"input_ids": ids, "labels": labels}
-            for ids, labels in zip(rows["input_ids"], rows["labels"], strict=True)
-        ]
-        yield collate(examples, pad_id)
+        yield collate(_row_examples(rows), pad_id)

@@ -158,10 +158,13 @@ class DatasetSpec(ApiModel):
         "defaults to the prompt as is.",
     )
     max_seq_length: int = Field(default=2048, ge=8, le=1048576, description="Tokens per training sequence.")
-    packing: bool = Field(
-        default=True,
-        description="Concatenate samples and cut them into full sequences (format text) instead of "
-        "padding each sample.",
+    packing: bool | None = Field(
+        default=None,
+        description="Put several samples in each maxSeqLength sequence instead of padding each "
+        "sample to its own. Format text concatenates documents and cuts full sequences; "
+        "instruction and chat place whole examples side by side, each with its own positions and "
+        "attention that stops at its boundaries, and keep their loss masks. Defaults to true for "
+        "text and false for instruction and chat.",
     )
     validation_split: float = Field(
         default=0.0,
@@ -169,6 +172,11 @@ class DatasetSpec(ApiModel):
         le=0.5,
         description="Fraction of the data held out for validation loss; 0 disables it.",
     )
+
+    @property
+    def packs(self) -> bool:
+        """Whether samples are packed: dataset.packing, else the format's default."""
+        return self.packing if self.packing is not None else self.format == "text"
 
 
 class LoraSpec(ApiModel):

@@ -117,7 +117,7 @@ def training_arguments(config: TrainerConfig, output_dir: Path, evaluate: bool) 
         # num_input_tokens_seen in the logs: tokens/s in the progress records (ProgressToSinks).
         # Packed rows are all tokens; padded ones are counted by their attention mask.
         "include_num_input_tokens_seen": (
-            "all" if config.dataset.format == "text" and config.dataset.packing else "non_padding"
+            "all" if config.dataset.format == "text" and config.dataset.packs else "non_padding"
         ),
     }
     return TrainingArguments(**{**defaults, **passed, **derived})

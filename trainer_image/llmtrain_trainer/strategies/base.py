@@ -77,9 +77,15 @@ class Strategy(abc.ABC):
         self.initial_weights = initial_weights or self.lora
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Logits for a micro-batch already on the device."""
+        """Logits for a micro-batch already on the device.
+
+        Packed examples come with `position_ids` and no attention mask: the model then keeps
+        attention inside each example (see `data.collate`)."""
         output = self.model(
-            input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), use_cache=False
+            input_ids=batch["input_ids"],
+            attention_mask=batch.get("attention_mask"),
+            position_ids=batch.get("position_ids"),
+            use_cache=False,
         )
         logits: torch.Tensor = output.logits
         return logits
