@@ -84,3 +84,23 @@ def test_counts_refuse_a_device_batch() -> None:
     """Counting on a device tensor would sync the host on every micro-batch."""
     with pytest.raises(ValueError, match="CPU copy"):
         batch_counts({k: v.to("meta") for k, v in packed_batch(2, 8).items()})
+
+
+def test_packed_examples_are_credited_for_their_own_attention_blocks() -> None:
+    """Packed SFT rows attend block-diagonally (positions restart per example): the attention
+    FLOPs are those of each example alone, not of the whole row."""
+    model, config = tiny_model("full")
+    lengths = [10, 20, 34]
+    ids = torch.randint(0, 384, (1, sum(lengths)), generator=torch.Generator().manual_seed(3))
+    positions = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
+    row = {"input_ids": ids, "labels": ids.clone(), "position_ids": positions}
+
+    counts = batch_counts(row)
+    assert (counts.inputs, counts.attended_pairs) == (64, sum(n * n for n in lengths))
+    estimate = training_flops(config, model).of(counts.inputs, counts.attended_pairs)
+    starts = [sum(lengths[:i]) for i in range(len(lengths))]
+    alone = sum(
+        measured_flops(model, {"input_ids": ids[:, s : s + n], "labels": ids[:, s : s + n]})
+        for s, n in zip(starts, lengths, strict=True)
+    )
+    assert estimate == pytest.approx(alone, rel=TOLERANCE)

@@ -158,6 +158,16 @@ def batch_counts(batch: dict[str, torch.Tensor]) -> BatchCounts:
         raise ValueError(f"count micro-batches on their CPU copy, not on {ids.device}")
     mask = batch.get("attention_mask")
     lengths = mask.sum(dim=1) if mask is not None else torch.full((ids.shape[0],), ids.shape[1])
+    positions = batch.get("position_ids")
+    if positions is not None and mask is None:
+        # Packed examples: attention is block-diagonal, one block per run of positions from 0.
+        starts = torch.nonzero(positions.reshape(-1) == 0).flatten()
+        segments = torch.diff(torch.cat([starts, torch.tensor([positions.numel()])]))
+        return BatchCounts(
+            trained=trained_tokens(batch["labels"]),
+            inputs=int(segments.sum()),
+            attended_pairs=int((segments * segments).sum()),
+        )
     return BatchCounts(
         trained=trained_tokens(batch["labels"]),
         inputs=int(lengths.sum()),
