@@ -334,6 +334,15 @@ class CheckpointSpec(ApiModel):
         default=500, ge=1, le=10_000_000, description="Optimizer steps between checkpoints."
     )
     keep: int = Field(default=3, ge=1, le=1000, description="Checkpoints kept (oldest deleted first).")
+    async_save: bool = Field(
+        default=False,
+        description="FSDP2 and DDP: copy the state to host memory, then write the shards in a background "
+        "thread while training goes on (torch.distributed.checkpoint.async_save). A checkpoint counts, and "
+        "a restart can resume from it, only once all of its files are written; the next checkpoint, the "
+        "export and the end of the run wait for the previous write. Costs host RAM for one copy of each "
+        "rank's model and optimizer shards. DeepSpeed and the huggingface and custom trainers always "
+        "save synchronously.",
+    )
     export: bool = Field(
         default=True,
         description="At the end, write a Hugging Face directory (safetensors, config, tokenizer) next to "
