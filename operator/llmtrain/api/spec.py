@@ -321,6 +321,13 @@ class TrainingSpec(ApiModel):
     gradient_checkpointing: bool = Field(
         default=False, description="Recompute activations in backward to save memory (about +33% compute)."
     )
+    compile: bool = Field(
+        default=False,
+        description="FSDP2 and DDP: compile each transformer block with torch.compile (inductor) before "
+        "it is sharded or wrapped. The first steps are slower while the blocks compile; the gain after "
+        "that depends on model and GPU and is not measured by llmtrain. DeepSpeed and the huggingface "
+        "and custom trainers ignore it.",
+    )
     seed: int = Field(default=42, ge=0, le=2**31 - 1, description="Seed for weights, data order and dropout.")
     log_every_steps: int = Field(
         default=10, ge=1, le=100_000, description="Steps between metric reports (loss, tokens/s, MFU)."

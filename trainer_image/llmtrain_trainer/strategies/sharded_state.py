@@ -62,6 +62,8 @@ def start_training_state_save(
     otherwise interleave with the training step's on the default group."""
     model_state, optim_state = get_state_dict(model, optimizer, options=options)
     if is_main:
+        # The writing thread has not necessarily created the directory yet.
+        directory.mkdir(parents=True, exist_ok=True)
         schedule = scheduler.state_dict()
         write_durably(directory / SCHEDULER_FILE, lambda file: torch.save(schedule, file))
     response = async_save(
