@@ -60,10 +60,17 @@ def _wait_for_checkpoint(config: TrainerConfig, process: subprocess.Popen[bytes]
     raise AssertionError("no checkpoint within the timeout")
 
 
-@pytest.fixture(scope="module")
-def outcome(ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> ResumeOutcome:
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async"])
+def outcome(
+    request: pytest.FixtureRequest, ray_address: str, tmp_path_factory: pytest.TempPathFactory
+) -> ResumeOutcome:
+    """Both ways of saving (checkpoint.asyncSave): an async checkpoint is registered, and so can be
+    resumed from, only once it is written, when the next one starts or training ends."""
     storage = tmp_path_factory.mktemp("resume")
-    overrides = {"training": {"maxSteps": STEPS}, "checkpoint": {"everySteps": EVERY}}
+    overrides = {
+        "training": {"maxSteps": STEPS},
+        "checkpoint": {"everySteps": EVERY, "asyncSave": request.param},
+    }
     reference = tiny_config(storage, "uninterrupted", **overrides)
     run_training(reference, LoopOptions(log_lines=False))
 
@@ -108,3 +115,16 @@ def test_second_trainer_process_resumes_instead_of_restarting(outcome: ResumeOut
     assert f"resumed at step {done['resumed_from_step']}" in outcome.second_log
     started = [r for r in records(outcome.resumed) if r.event == "started"]
     assert len(started) == 1, "only the first process started from scratch"
+
+
+def test_an_async_checkpoint_is_registered_after_training_went_on(outcome: ResumeOutcome) -> None:
+    """With asyncSave the step after a checkpoint runs before the checkpoint counts (its write
+    overlapped training); a synchronous one counts before the next step."""
+    events = records(outcome.reference)
+    first = next(i for i, r in enumerate(events) if r.event == "checkpoint")
+    assert events[first].step == EVERY
+    steps_before = [r.step for r in events[:first] if r.event == "step"]
+    if outcome.reference.checkpoint.async_save:
+        assert max(steps_before) == 2 * EVERY
+    else:
+        assert max(steps_before) == EVERY

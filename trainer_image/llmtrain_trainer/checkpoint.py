@@ -2,7 +2,9 @@
 
 A checkpoint directory `checkpoint-step-NNNNNNNN/` holds the strategy's sharded state (DCP or
 DeepSpeed files), one RNG file per rank and `trainer_state.json` (step, data position), which
-rank 0 writes last, after a barrier. It is then reported with `CheckpointUploadMode.NO_UPLOAD`:
+rank 0 writes last, after every rank's files are on disk. With checkpoint.asyncSave the shards are
+written in the background (`start`), and training goes on until the next checkpoint, the export or
+the end, which first `complete` the pending one. It is then reported with `CheckpointUploadMode.NO_UPLOAD`:
 the files already sit on the shared storage, so Ray Train only records the path (and deletes old
 ones per `num_to_keep`). On start, `ray.train.get_checkpoint()` names the latest one to restore;
 when it is incomplete or corrupt (a torn shard, a lost file), the older complete ones in the run
@@ -16,6 +18,7 @@ import json
 import logging
 import random
 import shutil
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -108,26 +111,54 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def save(strategy: Strategy, state: TrainerState, run_dir: Path, env: WorkerEnv) -> Path:
-    """Write a complete checkpoint for `state.step` (every rank calls this) and return its path."""
+@dataclass
+class PendingCheckpoint:
+    """A checkpoint whose shards may still be being written: neither complete nor registered yet."""
+
+    directory: Path
+    step: int
+    state_text: bytes
+    """trainer_state.json as of the save; written only once every rank's shards are on disk."""
+    written: Future[Any]
+    """This rank's share of the strategy's files (checkpoint.asyncSave writes them in a thread)."""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    """What `report` sends to Ray Train with it."""
+
+
+def start(strategy: Strategy, state: TrainerState, run_dir: Path, env: WorkerEnv) -> PendingCheckpoint:
+    """Begin the checkpoint of `state.step` (every rank calls this): the strategy's save (possibly
+    still running when this returns) and this rank's RNG file, both as of now."""
     directory = run_dir / checkpoint_name(state.step)
     if env.is_main and directory.exists():
         # Left over from an attempt that died before reporting it: never registered, so stale.
         shutil.rmtree(directory)
     dist.barrier()
-    strategy.save(directory)
+    written = strategy.start_save(directory)
     (directory / RNG_DIR).mkdir(parents=True, exist_ok=True)
     rng_state = _rng_state()
     write_durably(directory / RNG_DIR / f"rank-{env.rank}.pt", lambda file: torch.save(rng_state, file))
+    text = (json.dumps(state.to_dict(), indent=2) + "\n").encode()
+    return PendingCheckpoint(directory, state.step, text, written)
+
+
+def complete(pending: PendingCheckpoint, env: WorkerEnv) -> Path:
+    """Wait until every rank's files are written, then rank 0 writes the state file: the last file,
+    so a checkpoint with one is whole (restore and resumeFrom rely on it). Raises, leaving the
+    checkpoint without a state file, when this rank's write failed."""
+    pending.written.result()
     dist.barrier()
     if env.is_main:
-        text = (json.dumps(state.to_dict(), indent=2) + "\n").encode()
 
         def write_state(file: BinaryIO) -> None:
-            file.write(text)
+            file.write(pending.state_text)
 
-        write_durably(directory / STATE_FILE, write_state)
-    return directory
+        write_durably(pending.directory / STATE_FILE, write_state)
+    return pending.directory
+
+
+def save(strategy: Strategy, state: TrainerState, run_dir: Path, env: WorkerEnv) -> Path:
+    """Write a complete checkpoint for `state.step` (every rank calls this) and return its path."""
+    return complete(start(strategy, state, run_dir, env), env)
 
 
 def report(directory: Path, metrics: dict[str, Any], env: WorkerEnv) -> None:

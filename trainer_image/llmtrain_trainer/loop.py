@@ -163,6 +163,8 @@ class TrainingRun:
         """spec.resumeFrom's checkpoint, when this attempt started from it."""
         self.skipped_checkpoints: list[str] = []
         """Newer checkpoints that could not be restored (incomplete or corrupt), with the reasons."""
+        self.pending: checkpoint.PendingCheckpoint | None = None
+        """A checkpoint still being written in the background (checkpoint.asyncSave)."""
 
     # -------------------------------------------------------------------------- set-up
 
@@ -359,6 +361,9 @@ class TrainingRun:
                 watchdog.beat(state.step)
                 throughput.resume()
                 interval_start = time.perf_counter()
+        throughput.pause()
+        self._complete_checkpoint()
+        throughput.resume()
 
     @staticmethod
     def _flush_counts(
@@ -380,23 +385,36 @@ class TrainingRun:
     def _checkpoint(
         self, strategy: Strategy, state: checkpoint.TrainerState, data: SequenceData, pad_id: int
     ) -> None:
+        """Start a checkpoint once the previous one is complete; register it when it is written:
+        at once, or with checkpoint.asyncSave at the next checkpoint or the end of training.
+        `checkpoint_seconds` is how long training paused for it."""
         started = time.perf_counter()
-        directory = checkpoint.save(strategy, state, self.run_dir, self.env)
-        metrics: dict[str, Any] = {"step": state.step, "loss": self.last_loss}
+        self._complete_checkpoint()
+        pending = checkpoint.start(strategy, state, self.run_dir, self.env)
+        pending.metrics = {"step": state.step, "loss": self.last_loss}
         if data.validation is not None:
             val_loss = self._validate(strategy, data, pad_id)
             if val_loss is not None:
-                metrics["val_loss"] = val_loss
+                pending.metrics["val_loss"] = val_loss
                 self._emit(MetricsRecord("validation", state.step, self.total, val_loss=val_loss))
-        checkpoint.report(directory, metrics, self.env)
+        self.pending = pending
+        if not self.config.checkpoint.async_save:
+            self._complete_checkpoint(paused_since=started)
         self.checkpoint_seconds = time.perf_counter() - started
+
+    def _complete_checkpoint(self, paused_since: float | None = None) -> None:
+        """Wait for the pending checkpoint's files on every rank, then make it count: the state
+        file, then the report to Ray Train (never for a checkpoint whose write did not finish).
+        An asynchronous one is reported with the pause it cost when it started."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return
+        directory = checkpoint.complete(pending, self.env)
+        checkpoint.report(directory, pending.metrics, self.env)
+        seconds = time.perf_counter() - paused_since if paused_since is not None else self.checkpoint_seconds
         self._emit(
             MetricsRecord(
-                "checkpoint",
-                state.step,
-                self.total,
-                path=str(directory),
-                checkpoint_seconds=self.checkpoint_seconds,
+                "checkpoint", pending.step, self.total, path=str(directory), checkpoint_seconds=seconds
             )
         )
 

@@ -157,6 +157,17 @@ def enable_gradient_checkpointing(model: nn.Module) -> None:
     base.config.use_cache = False
 
 
+def compile_blocks(model: nn.Module) -> list[nn.Module]:
+    """Compile each transformer block's forward in place (training.compile) and return them.
+
+    `Module.compile` keeps the module itself, so parameter names, state dicts (checkpoints, the
+    export) and FSDP2's per-block sharding are unchanged; the blocks are what torchtitan compiles."""
+    blocks = transformer_blocks(model)
+    for block in blocks:
+        block.compile()
+    return blocks
+
+
 def unwrap_peft(model: nn.Module) -> nn.Module:
     """The transformers model inside a peft wrapper (or the model itself)."""
     get_base = getattr(model, "get_base_model", None)

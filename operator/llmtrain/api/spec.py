@@ -329,6 +329,13 @@ class TrainingSpec(ApiModel):
     gradient_checkpointing: bool = Field(
         default=False, description="Recompute activations in backward to save memory (about +33% compute)."
     )
+    compile: bool = Field(
+        default=False,
+        description="FSDP2 and DDP: compile each transformer block with torch.compile (inductor) before "
+        "it is sharded or wrapped. The first steps are slower while the blocks compile; the gain after "
+        "that depends on model and GPU and is not measured by llmtrain. DeepSpeed and the huggingface "
+        "and custom trainers ignore it.",
+    )
     seed: int = Field(default=42, ge=0, le=2**31 - 1, description="Seed for weights, data order and dropout.")
     log_every_steps: int = Field(
         default=10, ge=1, le=100_000, description="Steps between metric reports (loss, tokens/s, MFU)."
@@ -342,6 +349,15 @@ class CheckpointSpec(ApiModel):
         default=500, ge=1, le=10_000_000, description="Optimizer steps between checkpoints."
     )
     keep: int = Field(default=3, ge=1, le=1000, description="Checkpoints kept (oldest deleted first).")
+    async_save: bool = Field(
+        default=False,
+        description="FSDP2 and DDP: copy the state to host memory, then write the shards in a background "
+        "thread while training goes on (torch.distributed.checkpoint.async_save). A checkpoint counts, and "
+        "a restart can resume from it, only once all of its files are written; the next checkpoint, the "
+        "export and the end of the run wait for the previous write. Costs host RAM for one copy of each "
+        "rank's model and optimizer shards. DeepSpeed and the huggingface and custom trainers always "
+        "save synchronously.",
+    )
     export: bool = Field(
         default=True,
         description="At the end, write a Hugging Face directory (safetensors, config, tokenizer) next to "

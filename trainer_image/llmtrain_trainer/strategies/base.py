@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -129,6 +130,15 @@ class Strategy(abc.ABC):
     @abc.abstractmethod
     def save(self, directory: Path) -> None:
         """Write this rank's share of model, optimizer and schedule state (all ranks call it)."""
+
+    def start_save(self, directory: Path) -> Future[Any]:
+        """Begin `save`; the future completes when this rank's share is on disk (and raises if the
+        write failed). Synchronous here; FSDP2 and DDP write in the background with
+        checkpoint.asyncSave. Every rank calls it, and waits for the future before the next one."""
+        self.save(directory)
+        done: Future[Any] = Future()
+        done.set_result(None)
+        return done
 
     @abc.abstractmethod
     def load(self, directory: Path, weights_only: bool = False) -> None:

@@ -6,10 +6,12 @@ so a run can resume on a different number of workers. The LR schedule is tiny an
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, cast
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -19,7 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 from torch.distributed.checkpoint.state_dict_loader import load
-from torch.distributed.checkpoint.state_dict_saver import save
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, async_save, save
 from torch.optim.lr_scheduler import LRScheduler
 
 from llmtrain_trainer.rundir import write_durably
@@ -41,6 +43,38 @@ def save_training_state(
     if is_main:
         schedule = scheduler.state_dict()
         write_durably(directory / SCHEDULER_FILE, lambda file: torch.save(schedule, file))
+
+
+def start_training_state_save(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+    directory: Path,
+    is_main: bool,
+    options: StateDictOptions,
+    process_group: dist.ProcessGroup,
+) -> Future[Any]:
+    """`save_training_state` in the background: DCP copies this rank's shards to host memory before
+    returning (training may then change the parameters), and a thread writes them. The future
+    completes once this rank's files and, across `process_group`, the metadata are on disk.
+
+    `process_group` must be a gloo group of its own: the writing thread's collectives would
+    otherwise interleave with the training step's on the default group."""
+    model_state, optim_state = get_state_dict(model, optimizer, options=options)
+    if is_main:
+        # The writing thread has not necessarily created the directory yet.
+        directory.mkdir(parents=True, exist_ok=True)
+        schedule = scheduler.state_dict()
+        write_durably(directory / SCHEDULER_FILE, lambda file: torch.save(schedule, file))
+    response = async_save(
+        {"model": model_state, "optimizer": optim_state},
+        checkpoint_id=str(directory),
+        process_group=process_group,
+        async_checkpointer_type=AsyncCheckpointerType.THREAD,
+    )
+    # The default stager copies synchronously, so async_save returns the upload future itself.
+    assert isinstance(response, Future), type(response)
+    return response
 
 
 def load_training_state(

@@ -5,10 +5,13 @@ and sharded DCP checkpoints (`sharded_state`). Subclasses build `model`, `optimi
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions
 from torch.distributed.tensor import DTensor
@@ -20,6 +23,7 @@ from llmtrain_trainer.strategies.sharded_state import (
     load_model_state,
     load_training_state,
     save_training_state,
+    start_training_state_save,
 )
 
 
@@ -40,6 +44,8 @@ class TorchNativeStrategy(Strategy):
     scheduler: LRScheduler
     scaler: torch.amp.GradScaler | None
     _options: StateDictOptions
+    _save_group: dist.ProcessGroup | None = None
+    """The gloo group the background checkpoint writer's collectives use (made at the first one)."""
 
     def _scaled_backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()  # type: ignore[no-untyped-call]
@@ -66,6 +72,21 @@ class TorchNativeStrategy(Strategy):
     def save(self, directory: Path) -> None:
         save_training_state(
             self.model, self.optimizer, self.scheduler, directory, self.env.is_main, self._options
+        )
+
+    def start_save(self, directory: Path) -> Future[Any]:
+        if not self.config.checkpoint.async_save:
+            return super().start_save(directory)
+        if self._save_group is None:
+            self._save_group = dist.new_group(backend="gloo")
+        return start_training_state_save(
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            directory,
+            self.env.is_main,
+            self._options,
+            self._save_group,
         )
 
     def load(self, directory: Path, weights_only: bool = False) -> None:
