@@ -4,7 +4,6 @@ finish when the test says so, in a one-process gloo group, with Ray Train's repo
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,7 +11,6 @@ from typing import Any, cast
 
 import pytest
 import torch
-import torch.distributed as dist
 from llmtrain_trainer import checkpoint
 from llmtrain_trainer.data import SequenceData
 from llmtrain_trainer.distributed import WorkerEnv
@@ -36,15 +34,6 @@ class ControlledWrites:
         directory.mkdir(parents=True, exist_ok=True)
         self.writes.append(Future())
         return self.writes[-1]
-
-
-@pytest.fixture
-def one_process_group(tmp_path: Path) -> Iterator[None]:
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import pytest
 import torch
-import torch.distributed as dist
 from llmtrain_trainer import checkpoint
 from llmtrain_trainer.distributed import WorkerEnv
 from llmtrain_trainer.rundir import STATE_FILE, checkpoint_name, complete_checkpoints, write_durably
@@ -68,15 +66,6 @@ class RecordingStrategy:
         self.loaded.append(directory.name)
         if directory.name in self.broken:
             raise RuntimeError("PytorchStreamReader failed reading zip archive\nmore detail")
-
-
-@pytest.fixture
-def one_process_group(tmp_path: Path) -> Iterator[None]:
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _latest_is(monkeypatch: pytest.MonkeyPatch, directory: Path) -> None:

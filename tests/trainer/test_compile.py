@@ -5,12 +5,10 @@ them (inductor on the CPU, one process in a gloo group). Compiling takes tens of
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from llmtrain_trainer import model as models
 from llmtrain_trainer.distributed import WorkerEnv
 from llmtrain_trainer.strategies import make_strategy
@@ -52,15 +50,6 @@ def test_each_decoder_layer_is_compiled_in_place_with_the_eager_results(tmp_path
     for name, p in model.named_parameters():
         assert p.grad is not None
         torch.testing.assert_close(p.grad, eager_grads[name], rtol=1e-3, atol=1e-4)
-
-
-@pytest.fixture
-def one_process_group(tmp_path: Path) -> Iterator[None]:
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("strategy_type", ["fsdp", "ddp"])

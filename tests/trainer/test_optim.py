@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
-import torch.distributed as dist
 from llmtrain.api.spec import MethodSpec, ModelSpec, TrainingSpec
 from llmtrain_trainer.model import apply_lora, build_from_config, model_config
 from llmtrain_trainer.optim import build_optimizer
@@ -61,16 +58,7 @@ def test_a_zero3_partition_is_grouped_by_its_full_shape() -> None:
     assert optimizer.param_groups[0]["params"][0] is model[0].weight
 
 
-@pytest.fixture
-def one_rank_group() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.mark.usefixtures("one_rank_group")
+@pytest.mark.usefixtures("one_process_group")
 def test_fsdp2_dtensor_parameters_are_grouped_by_their_global_shape() -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard

@@ -8,12 +8,10 @@ through a real strategy's `forward` (DDP on one gloo process) on the demo's tiny
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from datasets import Dataset
 from llmtrain.api.spec import DatasetSpec
 from llmtrain_trainer.data import (
@@ -44,16 +42,12 @@ def tokenizer():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def strategy(tmp_path: Path) -> Iterator[DdpStrategy]:
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
-    try:
-        config = tiny_config(tmp_path, "packing", strategy={"type": "ddp"})
-        env = WorkerEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
-        strategy = DdpStrategy(config, env, total_steps=1)
-        strategy.train(False)  # no dropout: the comparison is exact
-        yield strategy
-    finally:
-        dist.destroy_process_group()
+def strategy(tmp_path: Path, one_process_group: None) -> DdpStrategy:
+    config = tiny_config(tmp_path, "packing", strategy={"type": "ddp"})
+    env = WorkerEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    strategy = DdpStrategy(config, env, total_steps=1)
+    strategy.train(False)  # no dropout: the comparison is exact
+    return strategy
 
 
 def _examples(tokenizer) -> list[Example]:  # type: ignore[no-untyped-def]
