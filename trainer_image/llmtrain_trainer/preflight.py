@@ -42,8 +42,10 @@ def check(config: TrainerConfig) -> None:
         hf_config = models.model_config(config.model)
         models.check_causal_lm(hf_config)
         _check_tokenizer(config, int(getattr(hf_config, "vocab_size", 0) or 0))
-        _check_lora_targets(config, hf_config)
-        _check_memory(config, hf_config)
+        # One meta-device build (no memory) serves the LoRA target and memory checks.
+        skeleton = models.build_from_config(hf_config, torch.float32, meta=True, seed=0)
+        _check_lora_targets(config, hf_config, skeleton)
+        _check_memory(config, hf_config, skeleton)
         _check_storage(Path(config.storage_path))
         _check_resume_from(config)
         _check_trainer(config)
@@ -87,11 +89,12 @@ def _check_tokenizer(config: TrainerConfig, vocab_size: int) -> None:
         )
 
 
-def _check_lora_targets(config: TrainerConfig, hf_config: PretrainedConfig) -> None:
+def _check_lora_targets(
+    config: TrainerConfig, hf_config: PretrainedConfig, skeleton: torch.nn.Module
+) -> None:
     if config.method.type != "lora":
         return
     targets = (config.method.lora or LoraSpec()).target_modules
-    skeleton = models.build_from_config(hf_config, torch.float32, meta=True, seed=0)
     leaf_names = {name.rsplit(".", 1)[-1] for name, _ in skeleton.named_modules()}
     unknown = [t for t in targets if t not in leaf_names]
     if unknown:
@@ -101,11 +104,10 @@ def _check_lora_targets(config: TrainerConfig, hf_config: PretrainedConfig) -> N
         )
 
 
-def _check_memory(config: TrainerConfig, hf_config: PretrainedConfig) -> None:
+def _check_memory(config: TrainerConfig, hf_config: PretrainedConfig, skeleton: torch.nn.Module) -> None:
     """Refuse a plan whose states cannot fit one device, before any worker allocates memory; the
     parameters are counted on a meta-device build, so any architecture is counted exactly."""
     plan = memory.Plan.of_trainer(config)
-    skeleton = models.build_from_config(hf_config, torch.float32, meta=True, seed=0)
     counted = models.count_parameters(skeleton)[0]
     estimate = memory.estimate(plan, hf_config.to_dict(), counted)
     if estimate is not None and estimate.peak is not None:
