@@ -3,8 +3,8 @@
 Each rank samples its own resident set size (/proc/self/statm) while the built-in mode's
 `TrainingRun._export` runs; the peak above the level just before is what the export cost. A
 gathered full state dict costs at least the model's fp32 size on rank 0 (plus the serialised
-bytes); streaming costs about one tensor. The model (about 180 MB) is big enough to stand far above the noise: gloo and the
-allocator keep some 20 MB of buffers whatever the model size.
+bytes); streaming costs about one tensor. The model (about 180 MB) is big enough to stand far
+above the noise: gloo and the allocator keep some 20 MB of buffers whatever the model size.
 """
 
 from __future__ import annotations
