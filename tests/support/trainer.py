@@ -181,3 +181,24 @@ def the_one_restart(config: TrainerConfig, killed: dict[str, int], steps: int, e
     after = [r.step for r in events[events.index(resumed[0]) :] if r.event == "step"]
     assert after == list(range(restart + 1, steps + 1))
     return restart
+
+
+def reference_gradients(
+    config: TrainerConfig, initial: dict[str, Any], batches: list[dict[str, Any]], step_tokens: int
+) -> dict[str, Any]:
+    """Name → gradient of one unsharded copy of `initial` over every rank's `batches`, with the
+    loss averaged over `step_tokens` as a distributed step averages it: what it must match."""
+    import torch
+    from llmtrain_trainer.loss import token_loss_sum
+    from llmtrain_trainer.model import build_from_config, model_config
+
+    reference = build_from_config(model_config(config.model), torch.float32, meta=False, seed=123)
+    reference.load_state_dict(initial)
+    loss = sum(
+        token_loss_sum(
+            reference(input_ids=b["input_ids"], attention_mask=b.get("attention_mask")).logits, b["labels"]
+        )
+        for b in batches
+    )
+    (loss / step_tokens).backward()
+    return {name: parameter.grad for name, parameter in reference.named_parameters()}

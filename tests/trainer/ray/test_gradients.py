@@ -15,12 +15,11 @@ import torch
 from llmtrain.api.trainer_config import TrainerConfig
 from llmtrain_trainer.data import DistributedBatches, build_sequences
 from llmtrain_trainer.distributed import WorkerEnv
-from llmtrain_trainer.loss import token_loss_sum, trained_tokens
-from llmtrain_trainer.model import build_from_config, model_config
+from llmtrain_trainer.loss import trained_tokens
 from llmtrain_trainer.strategies.fsdp import FsdpStrategy
 from llmtrain_trainer.tokenizer import load_tokenizer
 
-from tests.support.trainer import run_on_workers, tiny_config
+from tests.support.trainer import reference_gradients, run_on_workers, tiny_config
 
 pytestmark = pytest.mark.slow
 
@@ -48,20 +47,10 @@ def one_step_gradients(loop_config: dict[str, Any]) -> None:
 
     if env.is_main:
         assert initial is not None
-        reference = build_from_config(model_config(config.model), torch.float32, meta=False, seed=123)
-        reference.load_state_dict(initial)
-        loss = sum(
-            token_loss_sum(
-                reference(input_ids=b["input_ids"], attention_mask=b.get("attention_mask")).logits,
-                b["labels"],
-            )
-            for b in batches
-        )
-        (loss / step_tokens).backward()
-        expected = dict(reference.named_parameters())
+        expected = reference_gradients(config, initial, batches, step_tokens)
         report = {}
         for name, grad in sharded.items():
-            want = expected[name].grad
+            want = expected[name]
             report[name] = {
                 "max_abs_diff": float((grad - want).abs().max()),
                 "max_abs_ref": float(want.abs().max()),
