@@ -14,7 +14,7 @@ from llmtrain_trainer.checkpoint import TrainerState
 from llmtrain_trainer.distributed import WorkerEnv
 from llmtrain_trainer.lifecycle import Lifecycle, LoopOptions
 from llmtrain_trainer.modes import MODULES, ModeError, mode_for, refuse_unsupported
-from llmtrain_trainer.preflight import PreflightError, _check_trainer
+from llmtrain_trainer.preflight import _check_trainer
 from llmtrain_trainer.progress import read_records
 from llmtrain_trainer.rundir import METRICS_FILE, STATE_FILE, RunResult, checkpoint_name
 
@@ -50,9 +50,7 @@ def test_the_huggingface_mode_refuses_hybrid_sharding_naming_the_field(tmp_path:
     """A field the Trainer cannot honour fails preflight instead of being ignored."""
     hsdp = {"type": "fsdp", "fsdp": {"hybridShardSize": 2}}
     hf = tiny_config(tmp_path, "x", trainer={"type": "huggingface"}, strategy=hsdp, scaling={"useGpu": True})
-    with pytest.raises(
-        PreflightError, match=r"strategy\.fsdp\.hybridShardSize is not supported with trainer"
-    ):
+    with pytest.raises(ModeError, match=r"strategy\.fsdp\.hybridShardSize is not supported with trainer"):
         _check_trainer(hf)
     refuse_unsupported(mode_for("builtin"), tiny_config(tmp_path, "x", strategy=hsdp))  # the loop shards so
     unset = tiny_config(tmp_path, "x", trainer={"type": "huggingface"}, strategy={"type": "ddp"})
