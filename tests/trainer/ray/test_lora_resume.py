@@ -28,7 +28,7 @@ from tests.support.trainer import (
 pytestmark = pytest.mark.slow
 
 STEPS, EVERY = 20, 5
-LOSS_TOLERANCE = 1e-4  # as tests/trainer/test_resume.py: same data, RNG and world size in fp32
+LOSS_TOLERANCE = 1e-4  # as tests/trainer/ray/test_resume.py: same data, RNG and world size in fp32
 
 
 def overrides(pretrained: Path) -> dict[str, Any]:

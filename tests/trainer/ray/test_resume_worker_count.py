@@ -1,7 +1,7 @@
 """A run checkpointed by 2 FSDP2 workers resumes on 1 (what an elastic restart after a lost node
 does): DCP reshards model and optimizer, the data position and token count carry over, and the loss
 continues from where it was rather than from the start. (DeepSpeed refuses another worker count
-with a message saying how to resume: tests/trainer/test_checkpoint_files.py.)"""
+with a message saying how to resume: tests/trainer/unit/test_checkpoint_files.py.)"""
 
 from __future__ import annotations
 
