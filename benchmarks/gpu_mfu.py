@@ -104,7 +104,7 @@ def main() -> int:
         return 2
 
     import ray
-    from llmtrain_trainer.loop import LoopOptions
+    from llmtrain_trainer.lifecycle import LoopOptions
     from llmtrain_trainer.main import run_training
 
     gpus, device = torch.cuda.device_count(), torch.cuda.get_device_name(0)

@@ -34,26 +34,21 @@ import ray
 import ray.train
 import torch
 import torch.nn.functional as F
-import yaml
 from llmtrain.api.trainer_config import TrainerConfig
 from llmtrain_trainer.data import IGNORE_INDEX, build_sequences, collate
-from llmtrain_trainer.loop import LoopOptions
+from llmtrain_trainer.distributed import WorkerEnv
+from llmtrain_trainer.lifecycle import LoopOptions
 from llmtrain_trainer.main import run_training
 from llmtrain_trainer.model import build_from_config, model_config
 from llmtrain_trainer.optim import lr_factor, warmup_steps
-from llmtrain_trainer.rundir import RESULT_FILE
+from llmtrain_trainer.rundir import RunResult
 from llmtrain_trainer.tokenizer import load_tokenizer
-from ray.train import RunConfig, ScalingConfig
-from ray.train.torch import TorchTrainer
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-REPO = Path(__file__).resolve().parents[1]
-# The demo's own model (examples/tiny-cpu.yaml), so tests and benchmarks train what users run.
-TINY_LLAMA: dict[str, Any] = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())["spec"][
-    "model"
-]["config"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.support
 
+from tests.support.trainer import REPO, TINY_LLAMA, run_on_workers
 
 WORKLOADS: dict[str, dict[str, Any]] = {
     "text": {"path": str(REPO / "examples/data/tiny-stories.txt"), "format": "text", "maxSeqLength": 128},
@@ -91,8 +86,8 @@ def benchmark_config(storage: Path, name: str, steps: int, workload: str) -> Tra
 def minimal_fsdp_loop(loop_config: dict[str, Any]) -> None:
     """The baseline: fully_shard per block and root, AdamW, warm-up + cosine, nothing else."""
     config = TrainerConfig.model_validate(loop_config["trainer_config"])
-    context = ray.train.get_context()
-    rank, world = context.get_world_rank(), context.get_world_size()
+    env = WorkerEnv.from_ray_context()
+    rank, world = env.rank, env.world_size
     training = config.training
     steps = training.max_steps or 1
     tokenizer = load_tokenizer(config.model)
@@ -139,23 +134,16 @@ def minimal_fsdp_loop(loop_config: dict[str, Any]) -> None:
 def time_minimal(storage: Path, steps: int, name: str, workload: str) -> float:
     config = benchmark_config(storage, name, steps, workload)
     report = storage / f"{name}.json"
-    TorchTrainer(
-        minimal_fsdp_loop,
-        train_loop_config={
-            "trainer_config": config.model_dump(mode="json", by_alias=True),
-            "report": str(report),
-        },
-        scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
-        run_config=RunConfig(name=name, storage_path=str(storage)),
-    ).fit()
+    run_on_workers(minimal_fsdp_loop, config, report=str(report))
     return float(json.loads(report.read_text()))
 
 
 def time_ours(storage: Path, steps: int, name: str, workload: str) -> float:
     config = benchmark_config(storage, name, steps, workload)
     run_training(config, LoopOptions(log_lines=False))
-    result = json.loads((Path(config.run_dir) / RESULT_FILE).read_text())
-    return float(result["train_seconds"])
+    result = RunResult.read(Path(config.run_dir))
+    assert result is not None and result.train_seconds is not None, "the run left no result"
+    return result.train_seconds
 
 
 def main() -> int:

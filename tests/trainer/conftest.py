@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.helpers import REPO
+from tests.support.trainer import REPO
 
 
 @pytest.fixture(scope="session")

@@ -1,15 +1,17 @@
 """Checkpoints: written by every rank straight into the run directory, registered with Ray Train.
 
 A checkpoint directory `checkpoint-step-NNNNNNNN/` holds the strategy's sharded state (DCP or
-DeepSpeed files), one RNG file per rank and `trainer_state.json` (step, data position), which
-rank 0 writes last, after every rank's files are on disk. With checkpoint.asyncSave the shards are
-written in the background (`start`), and training goes on until the next checkpoint, the export or
-the end, which first `complete` the pending one. It is then reported with `CheckpointUploadMode.NO_UPLOAD`:
-the files already sit on the shared storage, so Ray Train only records the path (and deletes old
-ones per `num_to_keep`). On start, `ray.train.get_checkpoint()` names the latest one to restore;
-when it is incomplete or corrupt (a torn shard, a lost file), the older complete ones in the run
-directory are tried, newest first. A new run may instead load another run's checkpoint
-(spec.resumeFrom, resume_from.py).
+DeepSpeed files), one RNG file per rank and `trainer_state.json` (`TrainerState`: step, data
+position, trainer, shape), which rank 0 writes last, after every rank's files are on disk. Every
+trainer mode's checkpoints carry the same state file (the Hugging Face and custom modes write their
+own files into the directory, lifecycle.py registers it), and `complete` is its one writer. With
+checkpoint.asyncSave the shards are written in the background (`start`), and training goes on
+until the next checkpoint, the export or the end, which first `complete` the pending one. It is
+then reported with `CheckpointUploadMode.NO_UPLOAD`: the files already sit on the shared storage,
+so Ray Train only records the path (and deletes old ones per `num_to_keep`). On start,
+`ray.train.get_checkpoint()` names the latest one to restore; when it is incomplete or corrupt (a
+torn shard, a lost file), the older complete ones in the run directory are tried, newest first. A
+new run may instead load another run's checkpoint (spec.resumeFrom, resume_from.py).
 """
 
 from __future__ import annotations
@@ -63,14 +65,19 @@ class Restored:
 
 @dataclass
 class TrainerState:
-    """Everything besides model and optimizer that a resumed run needs to continue exactly."""
+    """Everything besides model and optimizer that a resumed run needs to continue exactly: the
+    one format of `trainer_state.json`, whichever mode wrote the checkpoint."""
 
     step: int = 0
     data: DataPosition = field(default_factory=DataPosition)
+    """The built-in loop's place in the data (the other modes keep their own)."""
     tokens_seen: int = 0
     world_size: int = 1
     shape: dict[str, Any] = field(default_factory=dict)
-    """What the files depend on (resume_from.run_shape), checked before another run loads them."""
+    """What the files depend on (resume_from.run_shape), checked before another run loads them;
+    empty where the files are the user's own (trainer.type custom)."""
+    trainer: str = "builtin"
+    """The trainer.type that wrote the files: each mode reads only its own."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -79,17 +86,26 @@ class TrainerState:
             "tokens_seen": self.tokens_seen,
             "world_size": self.world_size,
             "shape": self.shape,
+            "trainer": self.trainer,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainerState:
+        """Also reads the state files written before the format was one (no data, no trainer)."""
         return cls(
             step=int(data["step"]),
-            data=DataPosition.from_dict(data["data"]),
+            data=DataPosition.from_dict(data["data"]) if data.get("data") else DataPosition(),
             tokens_seen=int(data.get("tokens_seen", 0)),
             world_size=int(data.get("world_size", 1)),
             shape=dict(data.get("shape") or {}),
+            trainer=str(data.get("trainer", "builtin")),
         )
+
+    @classmethod
+    def read(cls, directory: Path) -> TrainerState | None:
+        """The state file of a checkpoint directory, or None when it has none (incomplete)."""
+        state_file = directory / STATE_FILE
+        return cls.from_dict(json.loads(state_file.read_text())) if state_file.exists() else None
 
 
 def _rng_state() -> dict[str, Any]:
@@ -128,17 +144,36 @@ class PendingCheckpoint:
 def start(strategy: Strategy, state: TrainerState, run_dir: Path, env: WorkerEnv) -> PendingCheckpoint:
     """Begin the checkpoint of `state.step` (every rank calls this): the strategy's save (possibly
     still running when this returns) and this rank's RNG file, both as of now."""
-    directory = run_dir / checkpoint_name(state.step)
-    if env.is_main and directory.exists():
-        # Left over from an attempt that died before reporting it: never registered, so stale.
-        shutil.rmtree(directory)
-    dist.barrier()
+    directory = prepare(run_dir, state.step, env)
     written = strategy.start_save(directory)
     (directory / RNG_DIR).mkdir(parents=True, exist_ok=True)
     rng_state = _rng_state()
     write_durably(directory / RNG_DIR / f"rank-{env.rank}.pt", lambda file: torch.save(rng_state, file))
-    text = (json.dumps(state.to_dict(), indent=2) + "\n").encode()
-    return PendingCheckpoint(directory, state.step, text, written)
+    return PendingCheckpoint(directory, state.step, state_text(state), written)
+
+
+def prepare(run_dir: Path, step: int, env: WorkerEnv) -> Path:
+    """An empty `checkpoint-step-N/` for every rank to write into (a collective)."""
+    directory = run_dir / checkpoint_name(step)
+    if env.is_main:
+        if directory.exists():
+            # Left over from an attempt that died before reporting it: never registered, so stale.
+            shutil.rmtree(directory)
+        directory.mkdir(parents=True)
+    dist.barrier()
+    return directory
+
+
+def state_text(state: TrainerState) -> bytes:
+    """`trainer_state.json` as of now (the state goes on changing while the shards are written)."""
+    return (json.dumps(state.to_dict(), indent=2) + "\n").encode()
+
+
+def written(directory: Path, step: int, state: TrainerState) -> PendingCheckpoint:
+    """A checkpoint whose files every rank has already written (the modes that write their own)."""
+    done: Future[Any] = Future()
+    done.set_result(None)
+    return PendingCheckpoint(directory, step, state_text(state), done)
 
 
 def complete(pending: PendingCheckpoint, env: WorkerEnv) -> Path:
@@ -229,12 +264,11 @@ def _try_load(strategy: Strategy, directory: Path, env: WorkerEnv) -> tuple[Trai
 def load(strategy: Strategy, directory: Path, env: WorkerEnv, weights_only: bool = False) -> TrainerState:
     """Load a checkpoint directory: all of it (this run's, or one continued by resumeFrom.run),
     or only its weights (a resumeFrom.checkpoint seed), which starts a fresh state at step 0."""
-    state_file = directory / STATE_FILE
-    if not state_file.exists():
+    state = TrainerState.read(directory)
+    if state is None:
         raise CheckpointError(
             f"checkpoint {directory} has no {STATE_FILE}: it is incomplete or was not written by llmtrain"
         )
-    state = TrainerState.from_dict(json.loads(state_file.read_text()))
     if weights_only:
         log.info("loading the weights of %s (step %d); fresh optimizer and schedule", directory, state.step)
         strategy.load(directory, weights_only=True)

@@ -1,11 +1,13 @@
 """Where a training process sits among its peers, and the rank-aware helpers its pieces share.
 
-The loop builds one `WorkerEnv` per worker and hands it to the strategy and the checkpoint code;
-the helpers here are collectives, so every rank must reach them together.
+Each worker builds one `WorkerEnv` (`from_ray_context` inside Ray Train; `from_torchrun` reads the
+variables torchrun sets, for a one-process or torchrun launch) and hands it to the strategy and
+the checkpoint code; the helpers here are collectives, so every rank must reach them together.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,6 +31,30 @@ class WorkerEnv:
     world_size: int
     local_rank: int
     device: torch.device
+
+    @classmethod
+    def from_ray_context(cls) -> WorkerEnv:
+        """This Ray Train worker's place and device (its GPU made the current CUDA device)."""
+        import ray.train
+        import ray.train.torch
+
+        context = ray.train.get_context()
+        device = ray.train.torch.get_device()
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        return cls(context.get_world_rank(), context.get_world_size(), context.get_local_rank(), device)
+
+    @classmethod
+    def from_torchrun(cls, use_gpu: bool) -> WorkerEnv:
+        """The place torchrun gives a process (RANK, WORLD_SIZE, LOCAL_RANK; a lone process
+        without them is rank 0 of 1)."""
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        device = torch.device("cuda", local_rank) if use_gpu else torch.device("cpu")
+        if use_gpu:
+            torch.cuda.set_device(device)
+        return cls(
+            int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")), local_rank, device
+        )
 
     @property
     def on_gpu(self) -> bool:

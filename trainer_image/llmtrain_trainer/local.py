@@ -32,8 +32,8 @@ from llmtrain_trainer.progress_bar import ConsoleProgress
 from llmtrain_trainer.rundir import (
     LOSS_CURVE_FILE,
     METRICS_FILE,
-    RESULT_FILE,
     SUMMARY_FILE,
+    RunResult,
     latest_checkpoint,
 )
 
@@ -65,38 +65,28 @@ class InvalidJobFile(ValueError):
     """The job file cannot be read or is not a valid LLMTrainingJob."""
 
 
-def read_result(run_dir: Path) -> dict[str, Any] | None:
-    path = run_dir / RESULT_FILE
-    if not path.exists():
-        return None
-    try:
-        data: dict[str, Any] = json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return None
-    return data
-
-
-def is_finished(config: TrainerConfig, result: dict[str, Any] | None) -> bool:
+def is_finished(config: TrainerConfig, result: RunResult | None) -> bool:
     """Finished, and for the same step count (raising maxSteps continues the run instead)."""
-    if not result or not result.get("finished"):
+    if result is None or not result.finished:
         return False
-    return config.training.max_steps is None or result.get("steps") == config.training.max_steps
+    return config.training.max_steps is None or result.steps == config.training.max_steps
 
 
 def build_summary(run_dir: Path, wall_seconds: float | None) -> dict[str, Any]:
     """summary.json: losses from the metrics file, the rest from the trainer's result.json."""
     history = step_history(read_records(run_dir / METRICS_FILE))
-    result = read_result(run_dir) or {}
-    merged = Path(result["export"]) / "merged" if result.get("export") else None
+    result = RunResult.read(run_dir)
+    export = result.export if result else None
+    merged = Path(export) / "merged" if export else None
     return {
         "run_dir": str(run_dir),
         "initial_loss": history[0].loss if history else None,
         "final_loss": history[-1].loss if history else None,
-        "steps": result.get("steps", history[-1].step if history else 0),
-        "tokens_per_second": result.get("tokens_per_second"),
-        "resumed_from_step": result.get("resumed_from_step"),
-        "checkpoint": result.get("checkpoint"),
-        "export": result.get("export"),
+        "steps": result.steps if result else (history[-1].step if history else 0),
+        "tokens_per_second": result.tokens_per_second if result else None,
+        "resumed_from_step": result.resumed_from_step if result else None,
+        "checkpoint": result.checkpoint if result else None,
+        "export": export,
         "merged_export": str(merged) if merged and merged.exists() else None,
         "loss_curve": str(run_dir / LOSS_CURVE_FILE),
         "wall_seconds": wall_seconds,
@@ -157,14 +147,6 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     console.print(table)
 
 
-def _describe(config: TrainerConfig) -> str:
-    trainer = config.trainer
-    if trainer.type == "custom" and trainer.custom is not None:
-        return f"custom trainer {escape(trainer.custom.function)}"
-    prefix = "Hugging Face Trainer, " if trainer.type == "huggingface" else ""
-    return f"{prefix}{config.strategy.type}"
-
-
 def run_local(
     job_file: Path, runs_root: Path = Path(LOCAL_RUNS_DIR), use_gpu: bool = False, fresh: bool = False
 ) -> int:
@@ -179,7 +161,7 @@ def run_local(
     if fresh and run_dir.exists():
         shutil.rmtree(run_dir)
         console.print(f"--fresh: removed {escape(str(run_dir))}; starting over")
-    if is_finished(config, read_result(run_dir)):
+    if is_finished(config, RunResult.read(run_dir)):
         console.print(
             f"Run [bold]{escape(config.run_name)}[/bold] already finished in {escape(str(run_dir))}; "
             "not retraining "
@@ -201,8 +183,9 @@ def run_local(
 
     import ray
 
-    from llmtrain_trainer.loop import LoopOptions
+    from llmtrain_trainer.lifecycle import LoopOptions
     from llmtrain_trainer.main import TrainingError, run_training
+    from llmtrain_trainer.modes import mode_for
     from llmtrain_trainer.preflight import PreflightError, check
 
     try:
@@ -213,9 +196,10 @@ def run_local(
 
     started = time.monotonic()
     workers = config.scaling.num_workers
+    described = mode_for(config.trainer.type).describe(config)
     console.print(
         f"Training [bold]{escape(config.run_name)}[/bold] with {workers} {'GPU' if use_gpu else 'CPU'} "
-        f"workers ({_describe(config)}); run directory {escape(str(run_dir))}"
+        f"workers ({escape(described)}); run directory {escape(str(run_dir))}"
     )
     ray.init(
         num_cpus=max(1, int(workers * config.scaling.cpus_per_worker)),
@@ -235,7 +219,7 @@ def run_local(
         pass
     finally:
         ray.shutdown()
-    if not is_finished(config, read_result(run_dir)):
+    if not is_finished(config, RunResult.read(run_dir)):
         latest = latest_checkpoint(run_dir)
         where = f"from {latest.name}" if latest else "from the start (no checkpoint was written yet)"
         console.print(f"Stopped before the end; run the same command again to resume {escape(where)}.")

@@ -19,7 +19,8 @@ from llmtrain.api.trainer_config import TrainerConfig
 
 from llmtrain_trainer.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
 from llmtrain_trainer.kube_progress import report_failure
-from llmtrain_trainer.loop import LoopOptions, train_loop_per_worker
+from llmtrain_trainer.lifecycle import LoopOptions
+from llmtrain_trainer.loop import loop_config, train_loop_per_worker
 from llmtrain_trainer.preflight import PreflightError, check
 from llmtrain_trainer.weights import with_model_folder
 
@@ -61,10 +62,7 @@ def build_trainer(config: TrainerConfig, options: LoopOptions | None = None) -> 
         resources["GPU"] = 1
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={
-            "trainer_config": config.model_dump(mode="json", by_alias=True),
-            "options": (options or LoopOptions()).to_dict(),
-        },
+        train_loop_config=loop_config(config, options),
         torch_config=TorchConfig(
             backend=process_group_backend(config), timeout_s=config.collective_timeout_seconds
         ),

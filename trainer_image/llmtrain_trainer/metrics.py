@@ -80,7 +80,9 @@ class Throughput:
     """Tokens per second and MFU over the interval since the last `measure()`.
 
     Times only the steps themselves: checkpoint saves and evaluations between measurements are
-    excluded with `pause()`/`resume()`, so a checkpoint does not look like a slow step.
+    excluded with `pause()`/`resume()`, so a checkpoint does not look like a slow step. The run's
+    lifecycle (lifecycle.py) keeps one per attempt for every mode, and its ETA divides the same
+    measured seconds by the steps they covered.
     """
 
     def __init__(self, peak: float | None, world_size: int) -> None:
@@ -92,6 +94,10 @@ class Throughput:
         self._flops = 0.0
         self._seconds = 0.0
         self._started: float | None = time.perf_counter()
+        self.interval_seconds = 0.0
+        """Training seconds between the last two `measure()` calls."""
+        self.interval_tokens = 0
+        """Tokens added between the last two `measure()` calls."""
 
     def add(self, tokens: int, flops: float) -> None:
         """Real input tokens of all ranks (padding excluded, see `BatchCounts`) and the model FLOPs
@@ -115,10 +121,11 @@ class Throughput:
         self.train_seconds += seconds
         self.train_tokens += tokens
         self._seconds, self._tokens, self._flops = 0.0, 0, 0.0
+        self.interval_seconds, self.interval_tokens = seconds, tokens
         self.resume()
         rate = tokens / seconds if seconds > 0 else 0.0
         mfu = None
-        if self.peak and seconds > 0:
+        if self.peak and seconds > 0 and flops > 0:
             mfu = flops / seconds / (self.peak * self.world_size)
         return rate, mfu
 

@@ -15,13 +15,12 @@ import torch
 from llmtrain import memory
 from llmtrain.api.spec import LoraSpec
 from llmtrain.api.trainer_config import TrainerConfig
-from llmtrain.api.trainer_spec import HF_SEED_UNSUPPORTED
 from transformers import PretrainedConfig
 
 from llmtrain_trainer import model as models
 from llmtrain_trainer.data import DataError, data_files
+from llmtrain_trainer.modes import ModeError, mode_for, refuse_unsupported
 from llmtrain_trainer.modes.reference import CustomFunctionError
-from llmtrain_trainer.modes.reference import resolve as resolve_custom_function
 from llmtrain_trainer.resume_from import ResumeFromError, check_compatible
 from llmtrain_trainer.resume_from import resolve as resolve_resume_source
 from llmtrain_trainer.rundir import latest_checkpoint
@@ -47,9 +46,9 @@ def check(config: TrainerConfig) -> None:
         _check_lora_targets(config, hf_config, skeleton)
         _check_memory(config, hf_config, skeleton)
         _check_storage(Path(config.storage_path))
-        _check_resume_from(config)
         _check_trainer(config)
-    except (models.ModelError, DataError, ResumeFromError, CustomFunctionError) as exc:
+        _check_resume_from(config)
+    except (models.ModelError, DataError, ResumeFromError, CustomFunctionError, ModeError) as exc:
         raise PreflightError(str(exc)) from exc
 
 
@@ -131,37 +130,13 @@ def _check_storage(storage: Path) -> None:
 def _check_resume_from(config: TrainerConfig) -> None:
     """A missing or unloadable resumeFrom target fails here, unless the run already has its own
     checkpoints (a retry), which it then resumes instead."""
-    if (
-        config.resume_from is not None
-        and config.resume_from.checkpoint
-        and config.trainer.type == "huggingface"
-    ):
-        raise PreflightError(HF_SEED_UNSUPPORTED)
     if config.resume_from is None or latest_checkpoint(Path(config.run_dir)) is not None:
         return
     check_compatible(resolve_resume_source(config.resume_from, Path(config.run_dir)), config)
 
 
 def _check_trainer(config: TrainerConfig) -> None:
-    """The custom function imports and takes one argument; Hugging Face pass-through arguments
-    are real TrainingArguments of the installed transformers."""
-    trainer = config.trainer
-    if trainer.type == "custom" and trainer.custom is not None:
-        resolve_custom_function(trainer.custom)
-    # accelerate (1.15, AcceleratorState.__init__) keeps the FSDP plugin only for GPU-class
-    # distributed types; use_cpu gives MULTI_CPU, so the Trainer would silently drop FSDP and run
-    # plain DDP while the job says strategy fsdp. The CRD refuses the same (CEL on spec).
-    if trainer.type == "huggingface" and config.strategy.type == "fsdp" and not config.scaling.use_gpu:
-        raise PreflightError(
-            "trainer.type huggingface with strategy.type fsdp needs GPUs; "
-            "use strategy.type ddp on CPU workers"
-        )
-    if trainer.type == "huggingface" and trainer.huggingface is not None and trainer.huggingface.args:
-        from llmtrain_trainer.modes.hf_args import unknown_arguments
-
-        unknown = unknown_arguments(trainer.huggingface.args)
-        if unknown:
-            raise PreflightError(
-                f"trainer.huggingface.args {unknown} are not transformers.TrainingArguments "
-                "of the trainer image's transformers"
-            )
+    """The spec fields the trainer mode refuses, then the mode's own checks (modes/)."""
+    mode = mode_for(config.trainer.type)
+    refuse_unsupported(mode, config)
+    mode.preflight(config)

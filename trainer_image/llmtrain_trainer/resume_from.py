@@ -10,7 +10,6 @@ LoRA checkpoint holds only the adapters. Every message names the resumeFrom fiel
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,15 +80,18 @@ def find_run(runs_root: Path, ref: str) -> Path:
 
 def check_compatible(seed: Seed, config: TrainerConfig) -> None:
     """Refuse a checkpoint this job could not load, before any worker starts."""
-    state = json.loads((seed.directory / STATE_FILE).read_text())
-    trainer = state.get("trainer", "builtin")  # the built-in loop's checkpoints name no trainer
+    from llmtrain_trainer.checkpoint import TrainerState  # torch: only once there is a seed
+
+    state = TrainerState.read(seed.directory)
+    assert state is not None, "resolve() returns complete checkpoints only"
+    trainer = state.trainer
     if trainer != config.trainer.type:
         raise ResumeFromError(
             f"resumeFrom {seed.described} was written by trainer.type {trainer} (this job: "
             f"{config.trainer.type}); each trainer reads only its own checkpoints: name a "
             f"{config.trainer.type} run or checkpoint, or drop spec.resumeFrom"
         )
-    written: dict[str, Any] | None = state.get("shape")
+    written = state.shape
     if not written:
         return  # written before checkpoints recorded their shape: loading will tell
     wanted = run_shape(config)

@@ -3,7 +3,7 @@
 checkpoint-step-00000040/   sharded checkpoints Ray Train knows about (NO_UPLOAD reports)
 checkpoint_manager_snapshot.json   Ray Train's record of them (what a restart resumes from)
 metrics.jsonl               rank 0's progress records, appended across attempts
-result.json                 written by rank 0 when the run has finished
+result.json                 `RunResult`, written by rank 0 when the run has finished (lifecycle.py)
 export/                     the Hugging Face export (never a reported checkpoint)
 summary.json, loss_curve.png   written by `llmtrain run`
 
@@ -13,10 +13,13 @@ The export directory's name is shared with the renderer: llmtrain.constants.EXPO
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 CHECKPOINT_PREFIX = "checkpoint-step-"
 STATE_FILE = "trainer_state.json"
@@ -41,6 +44,52 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest complete checkpoint directory on disk (for messages; Ray decides what resumes)."""
     complete = complete_checkpoints(run_dir)
     return complete[0] if complete else None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """`result.json`: what a finished run leaves (read by `llmtrain run` and the tests)."""
+
+    steps: int
+    trainer: str = "builtin"
+    finished: bool = True
+    resumed_from_step: int | None = None
+    """The step the last attempt started from, None on a fresh start (or a weights-only seed)."""
+    resume_from: str | None = None
+    """spec.resumeFrom's target, when the run started from it."""
+    skipped_checkpoints: tuple[str, ...] = ()
+    """Newer checkpoints that could not be restored, with the reasons."""
+    checkpoint: str | None = None
+    export: str | None = None
+    world_size: int = 1
+    train_seconds: float | None = None
+    """Seconds spent stepping in the last attempt (checkpoints and evaluations excluded)."""
+    tokens_per_second: float | None = None
+    finished_at: float = field(default_factory=time.time)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["skipped_checkpoints"] = list(self.skipped_checkpoints)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunResult:
+        known = {f.name for f in fields(cls)}
+        values = {key: value for key, value in data.items() if key in known}
+        values["skipped_checkpoints"] = tuple(values.get("skipped_checkpoints") or ())
+        return cls(**values)
+
+    @classmethod
+    def read(cls, run_dir: Path) -> RunResult | None:
+        """The run's result, or None when it has not finished (or the file is torn)."""
+        path = run_dir / RESULT_FILE
+        try:
+            return cls.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+
+    def write(self, run_dir: Path) -> None:
+        (run_dir / RESULT_FILE).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
 
 def write_durably(path: Path, write: Callable[[BinaryIO], None]) -> None:

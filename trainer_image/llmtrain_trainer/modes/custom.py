@@ -20,13 +20,35 @@ import torch
 from llmtrain.api.trainer_config import TrainerConfig
 
 from llmtrain_trainer.distributed import WorkerEnv
+from llmtrain_trainer.lifecycle import Lifecycle
+from llmtrain_trainer.modes import Refusal
 from llmtrain_trainer.modes.reference import resolve
-from llmtrain_trainer.modes.run import ModeRun
 
 log = logging.getLogger(__name__)
 
 STATE_FILE_NAME = "state.pt"
 REPORTABLE = ("learning_rate", "grad_norm", "tokens_per_second", "epoch", "tokens_seen", "val_loss")
+
+
+class CustomMode:
+    name = "custom"
+    shaped_checkpoints = False  # the function's own files: the platform cannot tell their shape
+    refuses: tuple[Refusal, ...] = ()  # the function reads the whole config: nothing is ignored for it
+
+    def describe(self, config: TrainerConfig) -> str:
+        spec = config.trainer.custom
+        return f"custom trainer {spec.function if spec is not None else '?'}"
+
+    def preflight(self, config: TrainerConfig) -> None:
+        """The function imports and takes one argument (raises CustomFunctionError)."""
+        if config.trainer.custom is not None:
+            resolve(config.trainer.custom)
+
+    def run(self, config: TrainerConfig, env: WorkerEnv, run_dir: Path, lifecycle: Lifecycle) -> None:
+        run_custom(config, env, run_dir, lifecycle)
+
+
+MODE = CustomMode()
 
 
 @dataclass
@@ -57,7 +79,7 @@ class TrainContext:
     total_steps: int
     """training.maxSteps (0 when unset); set it if you compute the length yourself, for the ETA and
     the progress summary."""
-    _run: ModeRun = field(repr=False)
+    _run: Lifecycle = field(repr=False)
 
     @property
     def is_main(self) -> bool:
@@ -78,7 +100,7 @@ class TrainContext:
         """An empty `checkpoint-step-N/` for every rank to write its files into (sharded state);
         registered as the run's latest checkpoint when every rank has left the block."""
         self._run.total_steps = self.total_steps
-        with self._run.checkpoint(step, dict(metrics)) as directory:
+        with self._run.checkpoint_dir(step, dict(metrics)) as directory:
             yield directory
 
     def save_checkpoint(self, step: int, state: Any, **metrics: float) -> Path:
@@ -104,31 +126,31 @@ def _load_state(directory: Path | None, map_location: str | torch.device) -> Any
     return torch.load(directory / STATE_FILE_NAME, map_location=map_location, weights_only=False)
 
 
-def run_custom(config: TrainerConfig, env: WorkerEnv, run_dir: Path, log_lines: bool) -> None:
+def run_custom(config: TrainerConfig, env: WorkerEnv, run_dir: Path, run: Lifecycle) -> None:
     """Resolve and call the user's function on this worker, then write the result (rank 0)."""
     spec = config.trainer.custom
     assert spec is not None, "trainer.custom is required with trainer.type custom"
     function = resolve(spec)
-    run = ModeRun(config, env, run_dir, log_lines)
-    try:
-        run.announce(f"custom trainer {spec.function}, {env.world_size} workers on {env.device.type}")
-        context = TrainContext(
-            config=config,
-            args=dict(spec.args or {}),
-            run_dir=run_dir,
-            export_dir=run.export_dir,
-            resume_checkpoint=run.resume_checkpoint,
-            resume_step=run.resume_step,
-            seed_checkpoint=run.seed_checkpoint,
-            rank=env.rank,
-            world_size=env.world_size,
-            local_rank=env.local_rank,
-            device=env.device,
-            total_steps=run.total_steps,
-            _run=run,
-        )
-        function(context)
-        run.total_steps = context.total_steps
-        run.finish()
-    finally:
-        run.close()
+    run.announce(
+        f"custom trainer {spec.function}, {env.world_size} workers on {env.device.type}",
+        resumed_at=run.resume.step,
+    )
+    context = TrainContext(
+        config=config,
+        args=dict(spec.args or {}),
+        run_dir=run_dir,
+        export_dir=run.export_dir,
+        resume_checkpoint=run.resume.checkpoint,
+        resume_step=run.resume.step,
+        seed_checkpoint=run.resume.seed,
+        rank=env.rank,
+        world_size=env.world_size,
+        local_rank=env.local_rank,
+        device=env.device,
+        total_steps=run.total_steps,
+        _run=run,
+    )
+    function(context)
+    run.total_steps = context.total_steps
+    run.end_training()
+    run.finish(export=run.existing_export())

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from llmtrain.api.spec import LoraSpec
 from llmtrain.api.trainer_config import TrainerConfig
+from llmtrain.api.trainer_spec import HF_SEED_UNSUPPORTED
 from peft import PeftModel
 from ray.train.huggingface.transformers import RayTrainReportCallback, prepare_trainer
 from transformers import PreTrainedModel, Trainer, TrainerCallback
@@ -30,9 +31,10 @@ from llmtrain_trainer import model as models
 from llmtrain_trainer.data import build_sequences, collate
 from llmtrain_trainer.distributed import WorkerEnv, rank_zero_first
 from llmtrain_trainer.export import MERGED_DIR, meta_skeleton
+from llmtrain_trainer.lifecycle import Lifecycle
 from llmtrain_trainer.metrics import MetricsRecord
-from llmtrain_trainer.modes.hf_args import FSDP_EXPORT_STATE_DICT, training_arguments
-from llmtrain_trainer.modes.run import ModeRun
+from llmtrain_trainer.modes import ModeError, Refusal
+from llmtrain_trainer.modes.hf_args import FSDP_EXPORT_STATE_DICT, training_arguments, unknown_arguments
 from llmtrain_trainer.tokenizer import load_tokenizer
 from llmtrain_trainer.weights import fetch_weights
 
@@ -40,12 +42,60 @@ HF_CHECKPOINT = "checkpoint"
 STAGING_DIR = ".hf-output"
 
 
+class HuggingFaceMode:
+    name = "huggingface"
+    shaped_checkpoints = True  # the Trainer's files depend on strategy and method
+    refuses = (
+        Refusal(
+            "strategy.fsdp.hybridShardSize",
+            lambda config: (
+                config.strategy.fsdp is not None and config.strategy.fsdp.hybrid_shard_size is not None
+            ),
+            "strategy.fsdp.hybridShardSize is not supported with trainer.type huggingface (its FSDP "
+            "plugin is configured for plain full sharding); remove it, or use trainer.type builtin",
+        ),
+        Refusal(
+            "resumeFrom.checkpoint",
+            lambda config: config.resume_from is not None and bool(config.resume_from.checkpoint),
+            HF_SEED_UNSUPPORTED,
+        ),
+        # accelerate (1.15, AcceleratorState.__init__) keeps the FSDP plugin only for GPU-class
+        # distributed types; use_cpu gives MULTI_CPU, so the Trainer would silently drop FSDP and
+        # run plain DDP while the job says strategy fsdp. The CRD refuses the same (CEL on spec).
+        Refusal(
+            "strategy.type",
+            lambda config: config.strategy.type == "fsdp" and not config.scaling.use_gpu,
+            "trainer.type huggingface with strategy.type fsdp needs GPUs; "
+            "use strategy.type ddp on CPU workers",
+        ),
+    )
+
+    def describe(self, config: TrainerConfig) -> str:
+        return f"Hugging Face Trainer, {config.strategy.type}"
+
+    def preflight(self, config: TrainerConfig) -> None:
+        """Pass-through arguments must be real TrainingArguments of the installed transformers."""
+        hf = config.trainer.huggingface
+        unknown = unknown_arguments(hf.args) if hf is not None and hf.args else []
+        if unknown:
+            raise ModeError(
+                f"trainer.huggingface.args {unknown} are not transformers.TrainingArguments "
+                "of the trainer image's transformers"
+            )
+
+    def run(self, config: TrainerConfig, env: WorkerEnv, run_dir: Path, lifecycle: Lifecycle) -> None:
+        run_huggingface(config, env, run_dir, lifecycle)
+
+
+MODE = HuggingFaceMode()
+
+
 class CheckpointToRunDir(RayTrainReportCallback):  # type: ignore[misc]
     """On every save: each rank moves its files of the Trainer's newest checkpoint into the run's
     `checkpoint-step-N/checkpoint/` (a rename on the shared storage, no copy), then the directory
     is registered with Ray Train like the built-in loop's checkpoints."""
 
-    def __init__(self, run: ModeRun, output_dir: Path) -> None:
+    def __init__(self, run: Lifecycle, output_dir: Path) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.run = run
         self.output_dir = output_dir
@@ -53,7 +103,7 @@ class CheckpointToRunDir(RayTrainReportCallback):  # type: ignore[misc]
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         source = get_last_checkpoint(str(self.output_dir))  # type: ignore[no-untyped-call]
         metrics = {k: v for k, v in _latest_logs(state).items() if isinstance(v, int | float)}
-        with self.run.checkpoint(state.global_step, metrics) as directory:
+        with self.run.checkpoint_dir(state.global_step, metrics) as directory:
             target = directory / HF_CHECKPOINT
             target.mkdir(exist_ok=True)
             if source is not None:
@@ -75,7 +125,7 @@ def merge_move(source: Path, target: Path) -> None:
 class ProgressToSinks(TrainerCallback):  # type: ignore[misc]
     """The Trainer's log and evaluation records → llmtrain progress records (rank 0 writes)."""
 
-    def __init__(self, run: ModeRun) -> None:
+    def __init__(self, run: Lifecycle) -> None:
         self.run = run
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -130,7 +180,7 @@ def _staging(run_dir: Path, env: WorkerEnv) -> Path:
     return path
 
 
-def export(trainer: Trainer, tokenizer: Any, run: ModeRun) -> None:
+def export(trainer: Trainer, tokenizer: Any, run: Lifecycle) -> None:
     """save_model into a staging folder (a collective under FSDP/DeepSpeed), renamed into place.
     LoRA: `export/` holds the adapters and, with method.lora.mergeOnExport, `export/merged/` the base
     model with them merged in, the layout of the built-in loop's export."""
@@ -171,35 +221,33 @@ def merged_model(trainer: Trainer, config: TrainerConfig, is_main: bool) -> PreT
     return merged
 
 
-def run_huggingface(config: TrainerConfig, env: WorkerEnv, run_dir: Path, log_lines: bool) -> None:
+def run_huggingface(config: TrainerConfig, env: WorkerEnv, run_dir: Path, run: Lifecycle) -> None:
     torch.manual_seed(config.training.seed)
     tokenizer = load_tokenizer(config.model)
     with rank_zero_first(env):
         data = build_sequences(config.dataset, tokenizer, config.training.seed)
-    run = ModeRun(config, env, run_dir, log_lines)
-    try:
-        output_dir = _staging(run_dir, env)
-        args = training_arguments(config, output_dir, evaluate=data.validation is not None)
-        model = build_model(config, env)
-        n_params, n_trainable = models.count_parameters(model)
-        run.announce(
-            f"Hugging Face Trainer, strategy {config.strategy.type}, {env.world_size} workers on "
-            f"{env.device.type}, {n_params:,} parameters ({n_trainable:,} trainable)"
-        )
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        trainer = Trainer(
-            model=model,
-            args=args,
-            train_dataset=data.train,
-            eval_dataset=data.validation,
-            data_collator=lambda examples: collate(examples, pad_id),
-            callbacks=[ProgressToSinks(run), CheckpointToRunDir(run, output_dir)],
-        )
-        trainer = prepare_trainer(trainer)
-        resume = run.resume_checkpoint / HF_CHECKPOINT if run.resume_checkpoint is not None else None
-        outcome = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-        if config.checkpoint.export:
-            export(trainer, tokenizer, run)
-        run.finish(int(outcome.global_step))
-    finally:
-        run.close()
+    output_dir = _staging(run_dir, env)
+    args = training_arguments(config, output_dir, evaluate=data.validation is not None)
+    model = build_model(config, env)
+    n_params, n_trainable = models.count_parameters(model)
+    run.announce(
+        f"Hugging Face Trainer, strategy {config.strategy.type}, {env.world_size} workers on "
+        f"{env.device.type}, {n_params:,} parameters ({n_trainable:,} trainable)",
+        resumed_at=run.resume.step,
+    )
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=data.train,
+        eval_dataset=data.validation,
+        data_collator=lambda examples: collate(examples, pad_id),
+        callbacks=[ProgressToSinks(run), CheckpointToRunDir(run, output_dir)],
+    )
+    trainer = prepare_trainer(trainer)
+    resume = run.resume.checkpoint / HF_CHECKPOINT if run.resume.checkpoint is not None else None
+    outcome = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    run.end_training()
+    if config.checkpoint.export:
+        export(trainer, tokenizer, run)
+    run.finish(int(outcome.global_step), run.existing_export())

@@ -1,0 +1,97 @@
+"""AdamW's parameter groups (weight decay on matmul weights only, whatever wraps the parameters)
+and the learning-rate schedule."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from llmtrain.api.spec import MethodSpec, ModelSpec, TrainingSpec
+from llmtrain_trainer.model import apply_lora, build_from_config, model_config
+from llmtrain_trainer.optim import build_optimizer, lr_factor
+from torch import nn
+
+from tests.support.trainer import TINY_LLAMA
+
+TRAINING = TrainingSpec(weight_decay=0.1)
+
+
+def tiny_model(method: str = "full") -> nn.Module:
+    config = model_config(ModelSpec(config=TINY_LLAMA, tokenizer="byte-level"))
+    model = build_from_config(config, torch.float32, meta=False, seed=0)
+    return apply_lora(model, MethodSpec.model_validate({"type": method}))
+
+
+def decayed_names(model: nn.Module) -> dict[str, float]:
+    """Each trainable parameter's name and the weight decay its optimizer group applies."""
+    optimizer = build_optimizer(model, TRAINING, on_gpu=False)
+    decay = {id(p): group["weight_decay"] for group in optimizer.param_groups for p in group["params"]}
+    assert len(decay) == sum(1 for p in optimizer.param_groups for _ in p["params"])  # each once
+    return {name: decay[id(p)] for name, p in model.named_parameters() if p.requires_grad}
+
+
+def test_norms_biases_and_embeddings_are_not_decayed() -> None:
+    model = tiny_model()
+    model.model.layers[0].self_attn.q_proj.bias = nn.Parameter(torch.zeros(64))  # a bias, 1-D
+    decay = decayed_names(model)
+    assert decay.pop("model.embed_tokens.weight") == 0.0  # also the tied head
+    assert decay.pop("model.layers.0.self_attn.q_proj.bias") == 0.0
+    norms = [name for name in decay if "norm" in name]
+    assert len(norms) == 2 * 2 + 1 and all(decay.pop(name) == 0.0 for name in norms)
+    assert len(decay) == 7 * 2 and set(decay.values()) == {0.1}  # every projection of both blocks
+
+
+def test_lora_decays_its_adapters_and_leaves_the_frozen_base_out() -> None:
+    decay = decayed_names(tiny_model("lora"))
+    assert decay and all("lora_" in name for name in decay)
+    assert set(decay.values()) == {0.1}
+
+
+def test_a_zero3_partition_is_grouped_by_its_full_shape() -> None:
+    """ZeRO-3 leaves an empty 1-D tensor in each parameter and keeps the real shape aside."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
+    for module in model:
+        for name, param in list(module.named_parameters()):
+            partition = nn.Parameter(torch.empty(0))
+            partition.ds_shape = param.shape  # type: ignore[attr-defined]
+            setattr(module, name, partition)
+    optimizer = build_optimizer(model, TRAINING, on_gpu=False)
+    assert [len(group["params"]) for group in optimizer.param_groups] == [1, 3]
+    assert optimizer.param_groups[0]["params"][0] is model[0].weight
+
+
+@pytest.mark.usefixtures("one_process_group")
+def test_fsdp2_dtensor_parameters_are_grouped_by_their_global_shape() -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    model = tiny_model()
+    mesh = init_device_mesh("cpu", (1,))
+    for block in model.model.layers:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    assert isinstance(model.model.norm.weight, DTensor)
+    decay = decayed_names(model)
+    assert [name for name, value in decay.items() if value == 0.0] == [
+        "model.embed_tokens.weight",
+        *(
+            f"model.layers.{i}.{norm}.weight"
+            for i in range(2)
+            for norm in ("input_layernorm", "post_attention_layernorm")
+        ),
+        "model.norm.weight",
+    ]
+
+
+def test_warmup_then_cosine_linear_constant() -> None:
+    cosine = [lr_factor(s, warmup=10, total=110, kind="cosine") for s in range(110)]
+    assert cosine[0] == pytest.approx(0.1) and cosine[9] == pytest.approx(1.0)
+    assert cosine[60] == pytest.approx(0.5, abs=1e-9) and cosine[109] == pytest.approx(
+        0.5 * (1 + math.cos(math.pi * 0.99))
+    )
+    assert all(a >= b for a, b in itertools.pairwise(cosine[10:]))
+    assert lr_factor(60, warmup=10, total=110, kind="linear") == pytest.approx(0.5)
+    assert lr_factor(100, warmup=10, total=110, kind="constant") == 1.0

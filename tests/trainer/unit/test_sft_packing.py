@@ -1,0 +1,218 @@
+"""SFT packing: several instruction/chat examples per row, each attending only to itself.
+
+A packed row must train exactly what the examples would train one by one: the same logits on
+every example token, the same per-example losses, the same trained-token count. The checks go
+through a real strategy's `forward` (DDP on one gloo process) on the demo's tiny Llama.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+from llmtrain.api.spec import DatasetSpec
+from llmtrain_trainer.data import (
+    IGNORE_INDEX,
+    DistributedBatches,
+    Example,
+    build_sequences,
+    collate,
+    encode_instruction,
+    pack_examples,
+    tokenize,
+)
+from llmtrain_trainer.distributed import WorkerEnv
+from llmtrain_trainer.loss import token_loss_sum, trained_tokens
+from llmtrain_trainer.strategies.ddp import DdpStrategy
+from llmtrain_trainer.tokenizer import byte_level_tokenizer
+
+from tests.support.trainer import REPO, tiny_config
+
+TEMPLATE = "Q: {prompt}\nA: "
+PAIRS = [("Hi?", "Yes, hello."), ("What is two and two?", "Four."), ("Name a colour.", "Blue, or red.")]
+INSTRUCTIONS = REPO / "examples" / "data" / "tiny-instructions.jsonl"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():  # type: ignore[no-untyped-def]
+    return byte_level_tokenizer()
+
+
+@pytest.fixture
+def strategy(tmp_path: Path, one_process_group: None) -> DdpStrategy:
+    config = tiny_config(tmp_path, "packing", strategy={"type": "ddp"})
+    env = WorkerEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    strategy = DdpStrategy(config, env, total_steps=1)
+    strategy.train(False)  # no dropout: the comparison is exact
+    return strategy
+
+
+def _examples(tokenizer) -> list[Example]:  # type: ignore[no-untyped-def]
+    """Instruction examples around one trained from its first token (as when there is no
+    prompt and no BOS): its first label must not be learned from the example before it."""
+    examples = [encode_instruction(p, r, tokenizer, 64, TEMPLATE) for p, r in PAIRS]
+    fully_trained = tokenizer("Green.", add_special_tokens=False)["input_ids"]
+    examples.insert(1, Example(fully_trained, fully_trained))
+    return examples
+
+
+def _as_row(example: Example) -> dict[str, list[int]]:
+    return {"input_ids": example.input_ids, "labels": example.labels}
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@torch.no_grad()
+def test_packed_row_gives_each_example_its_own_logits_and_loss(
+    strategy: DdpStrategy, tokenizer, attention: str
+) -> None:  # type: ignore[no-untyped-def]
+    strategy.ddp.module.set_attn_implementation(attention)
+    examples = _examples(tokenizer)
+    rows = pack_examples(examples, 128)
+    assert len(rows["input_ids"]) == 1, "the short examples share one row"
+    packed = collate([{key: rows[key][0] for key in rows}], pad_id=0)
+    assert "attention_mask" not in packed
+    logits = strategy.forward(packed)
+
+    start = 0
+    packed_losses, alone_losses = [], []
+    for example in examples:
+        n = len(example.input_ids)
+        alone_batch = collate([_as_row(example)], pad_id=0)
+        alone = strategy.forward(alone_batch)
+        torch.testing.assert_close(logits[:, start : start + n], alone[:, :n], rtol=1e-5, atol=1e-5)
+        packed_losses.append(
+            float(token_loss_sum(logits[:, start : start + n], packed["labels"][:, start : start + n]))
+        )
+        alone_losses.append(float(token_loss_sum(alone, alone_batch["labels"])))
+        start += n
+    assert packed_losses == pytest.approx(alone_losses, rel=1e-5)
+    # Token-weighted: the row's summed loss and trained tokens are those of the examples together.
+    assert float(token_loss_sum(logits, packed["labels"])) == pytest.approx(sum(alone_losses), rel=1e-5)
+    assert trained_tokens(packed["labels"]) == sum(
+        trained_tokens(collate([_as_row(e)], pad_id=0)["labels"]) for e in examples
+    )
+
+    # The check can fail: attention across the boundaries (an all-ones mask switches off the
+    # packed-sequence detection) or positions that do not restart change the later examples.
+    first = len(examples[0].input_ids)
+    crossing = strategy.forward({**packed, "attention_mask": torch.ones_like(packed["input_ids"])})
+    running_positions = strategy.forward({k: v for k, v in packed.items() if k != "position_ids"})
+    for ignored in (crossing, running_positions):
+        torch.testing.assert_close(ignored[:, :first], logits[:, :first], rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(ignored[:, first:], logits[:, first:], rtol=1e-3, atol=1e-3)
+
+
+def test_pack_examples_keeps_masks_and_restarts_positions(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    examples = _examples(tokenizer)
+    lengths = [len(e.input_ids) for e in examples]
+    # A row fits the first two examples but not the third; an example is never split.
+    limit = lengths[0] + lengths[1] + lengths[2] - 1
+    assert lengths[2] + lengths[3] > limit
+    rows = pack_examples(examples, limit)
+    assert [len(ids) for ids in rows["input_ids"]] == [lengths[0] + lengths[1], lengths[2], lengths[3]]
+    assert rows["input_ids"][0] == examples[0].input_ids + examples[1].input_ids
+    assert rows["position_ids"][0] == list(range(lengths[0])) + list(range(lengths[1]))
+    assert rows["position_ids"][2] == list(range(lengths[3]))
+    # Prompts stay masked, responses stay trained; each example's first label is never predicted.
+    assert examples[1].labels[0] != IGNORE_INDEX
+    assert rows["labels"][0] == (
+        [IGNORE_INDEX, *examples[0].labels[1:], IGNORE_INDEX, *examples[1].labels[1:]]
+    )
+
+
+def test_collate_pads_packed_rows_as_a_segment_of_their_own() -> None:
+    rows = [
+        {"input_ids": [5, 6, 7, 8, 9], "labels": [-100, 6, -100, -100, 9], "position_ids": [0, 1, 0, 1, 2]},
+        {"input_ids": [5, 6, 7], "labels": [-100, 6, 7], "position_ids": [0, 1, 2]},
+    ]
+    batch = collate(rows, pad_id=0)
+    assert set(batch) == {"input_ids", "labels", "position_ids"}
+    assert batch["position_ids"].tolist() == [[0, 1, 0, 1, 2, 0, 1, 2], [0, 1, 2, 0, 1, 2, 3, 4]]
+    assert batch["labels"][1].tolist() == [-100, 6, 7] + [IGNORE_INDEX] * 5
+
+
+@pytest.mark.parametrize("packing", [True, False, None])
+def test_instruction_data_packs_only_when_asked(tokenizer, packing: bool | None) -> None:  # type: ignore[no-untyped-def]
+    fields = {
+        "path": str(INSTRUCTIONS),
+        "format": "instruction",
+        "maxSeqLength": 128,
+        "promptTemplate": TEMPLATE,
+    }
+    spec = DatasetSpec.model_validate({**fields, **({} if packing is None else {"packing": packing})})
+    unpacked = build_sequences(DatasetSpec.model_validate({**fields, "packing": False}), tokenizer, 0).train
+    sequences = build_sequences(spec, tokenizer, 0).train
+    if not packing:  # the default for instruction and chat stays one padded example per row
+        assert "position_ids" not in sequences.column_names
+        assert sequences["input_ids"] == unpacked["input_ids"]
+        return
+    assert len(sequences) < len(unpacked) / 2
+    assert all(len(ids) <= 128 for ids in sequences["input_ids"])
+    # Unpacking the rows at their position restarts gives back every example, masks included.
+    restored_ids, restored_labels = [], []
+    for ids, labels, positions in zip(
+        sequences["input_ids"], sequences["labels"], sequences["position_ids"], strict=True
+    ):
+        starts = [i for i, p in enumerate(positions) if p == 0] + [len(ids)]
+        assert positions == [p for a, b in itertools.pairwise(starts) for p in range(b - a)]
+        restored_ids += [ids[a:b] for a, b in itertools.pairwise(starts)]
+        restored_labels += [labels[a:b] for a, b in itertools.pairwise(starts)]
+    assert restored_ids == unpacked["input_ids"]
+    assert [labels[1:] for labels in restored_labels] == [labels[1:] for labels in unpacked["labels"]]
+    # The sampler hands the rows with their positions to the model.
+    batch = DistributedBatches(sequences, 2, 0, 1, 0, pad_id=0).next_batch()
+    assert set(batch) == {"input_ids", "labels", "position_ids"}
+
+
+def test_chat_data_packs_with_assistant_masks(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    conversations = [
+        [{"role": "user", "content": f"Say {word}."}, {"role": "assistant", "content": word}]
+        for word in ("one", "two", "three", "four")
+    ]
+    records = Dataset.from_dict({"messages": conversations})
+    packed = tokenize(
+        records, tokenizer, DatasetSpec(path="x", format="chat", max_seq_length=256, packing=True)
+    )
+    alone = tokenize(
+        records, tokenizer, DatasetSpec(path="x", format="chat", max_seq_length=256, packing=False)
+    )
+    assert len(packed) == 1
+    assert packed["input_ids"][0] == [t for ids in alone["input_ids"] for t in ids]
+    assert sum(label != IGNORE_INDEX for label in packed["labels"][0]) == sum(
+        label != IGNORE_INDEX for labels in alone["labels"] for label in labels[1:]
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("trainer", "strategy"), [("builtin", "fsdp"), ("huggingface", "ddp")])
+def test_packed_instruction_run_trains(ray_address: str, storage: Path, trainer: str, strategy: str) -> None:
+    """The shipped instruction data, packed, through 2 workers with validation: it trains, in the
+    built-in loop and in a `transformers.Trainer` (which gets the same rows from `collate`)."""
+    from llmtrain_trainer.lifecycle import LoopOptions
+    from llmtrain_trainer.main import run_training
+
+    from tests.support.trainer import losses, records
+
+    config = tiny_config(
+        storage,
+        f"packed-sft-{trainer}",
+        trainer={"type": trainer},
+        strategy={"type": strategy},
+        dataset={
+            "path": str(INSTRUCTIONS),
+            "format": "instruction",
+            "promptTemplate": TEMPLATE,
+            "maxSeqLength": 128,
+            "packing": True,
+            "validationSplit": 0.1,
+        },
+        training={"maxSteps": 20, "microBatchSize": 4, "learningRate": 0.003},
+        checkpoint={"everySteps": 20},
+    )
+    run_training(config, LoopOptions(log_lines=False))
+    curve = losses(config)
+    assert curve[20] < 0.7 * curve[1]
+    assert any(r.val_loss is not None for r in records(config))
