@@ -19,10 +19,11 @@ def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
 
 
-@pytest.mark.parametrize("name", ["llmtrain-tests/no-such-model", "/no/such/model/folder"])
+@pytest.mark.parametrize("name", ["llmtrain-tests/no-such-model"])
 def test_a_model_that_cannot_be_downloaded_fails_with_its_name_and_the_cause(
     offline: None, name: str
 ) -> None:
+    """(An absolute name is a folder, never a hub id: test_model_folder.py.)"""
     with pytest.raises(ModelError) as raised:
         weights.local_folder(ModelSpec(name=name))
     message = str(raised.value)
