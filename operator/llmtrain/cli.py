@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from llmtrain import memory, plain_yaml
+from llmtrain.api import manifest_yaml
 from llmtrain.api.crd import crd_yaml
 from llmtrain.api.validation import InvalidJob, Problem, parse_job
 from llmtrain.constants import DEFAULT_TRAINER_IMAGE, LOCAL_RUNS_DIR, OPERATOR_NAME
@@ -30,7 +31,7 @@ LOCAL_TRAINER = "local"
 
 def _documents(path: Path) -> Iterator[Any]:
     text = sys.stdin.read() if str(path) == "-" else path.read_text()
-    for doc in yaml.safe_load_all(text):
+    for doc in manifest_yaml.load_all(text):
         if doc is not None:
             yield doc
 

@@ -15,7 +15,7 @@ import yaml
 from tests.cluster.conftest import apply_doc, get
 from tests.support.cluster.cluster import Cluster
 from tests.support.jobs import minimal_job, with_path
-from tests.unit.test_bad_specs import BAD, cel_messages
+from tests.unit.test_bad_specs import ACCEPTED, BAD, accepted_doc, cel_messages
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +43,20 @@ def test_real_api_server_rejects_bad_spec_naming_the_field(
     # engine (`llmtrain validate`) finds, so both judge the rules alike.
     for message in cel_messages(doc):
         assert message in result.stderr, (message, result.stderr)
+
+
+@pytest.mark.parametrize(("path", "value"), ACCEPTED, ids=[p for p, _ in ACCEPTED])
+def test_real_api_server_accepts_what_validate_accepts(
+    cluster: Cluster, bad_ns: str, path: str, value: Any
+) -> None:
+    """The other side of `llmtrain validate` being as strict as the server: no stricter either."""
+    doc = accepted_doc(path, value)
+    doc["metadata"].update(name="accepted-" + path.replace(".", "-").lower(), namespace=bad_ns)
+    try:
+        result = apply_doc(cluster, doc, check=False)
+        assert result.returncode == 0, result.stderr
+    finally:
+        cluster.kubectl("delete", "llmtj", doc["metadata"]["name"], "-n", bad_ns, "--wait=false", check=False)
 
 
 # (field path under spec, new value): each section is fixed at creation.

@@ -414,7 +414,7 @@ def test_what_the_operator_renders_is_admitted(cluster: Cluster, contained: str)
     create_children(cluster, contained, "queued", queue="team-queue")
     # A GPU job of the infiniband profile: its workers add IPC_LOCK and request the RDMA device.
     doc = cpu_job("fabric", contained, suspend=True)
-    doc["spec"]["resources"]["gpusPerWorker"] = 8
+    doc["spec"]["resources"].update(gpusPerWorker=8, cpu="4")  # half a core per GPU process
     doc["spec"]["network"] = {"ncclProfile": "infiniband"}
     for obj in render(parse_job(doc)):
         result = create(cluster, contained, obj)

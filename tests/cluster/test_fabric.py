@@ -25,7 +25,7 @@ ENFORCE = "pod-security.kubernetes.io/enforce"
 
 def fabric_job(name: str, namespace: str) -> dict[str, Any]:
     doc = cpu_job(name, namespace)
-    doc["spec"]["resources"]["gpusPerWorker"] = 8
+    doc["spec"]["resources"].update(gpusPerWorker=8, cpu="4")  # half a core per GPU process
     doc["spec"]["network"] = {"ncclProfile": "infiniband"}
     return doc
 

@@ -5,16 +5,20 @@ rest (inside the opaque inline model config) are accepted by the CRD and refused
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
 import yaml
-from llmtrain.api import cel
+from llmtrain.api import cel, manifest_yaml
 from llmtrain.api.crd import openapi_schema
+from llmtrain.api.validation import InvalidJob, parse_job
 from llmtrain.cli import main
 from llmtrain.constants import DEFAULT_MOUNT_PATH
+from llmtrain.quantity import cpu_cores
+from llmtrain.render.trainer_config import cluster_trainer_config
 
 from tests.support.jobs import minimal_job, with_path
 from tests.support.schema import validate_strict
@@ -399,6 +403,57 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
         "resources.sharedMemory",
         False,
     ),
+    # One training process per GPU, each reserving at least half a Ray CPU: 8 x 0.5 = 4 Ray CPUs
+    # against the 1 KubeRay gives the node would never be placed (the run waits forever).
+    (
+        "one-cpu-for-eight-gpus",
+        spec("resources", {"cpu": "1", "gpusPerWorker": 8}),
+        "resources.cpu",
+        False,
+    ),
+    (
+        "millicores-for-two-gpus",
+        spec("resources", {"cpu": "900m", "gpusPerWorker": 2}),
+        "resources.cpu",
+        False,
+    ),
+    # Zero or negative quantities: valid quantity syntax, refused by a CEL rule on each field.
+    ("zero-cpu", spec("resources", {"cpu": "0"}), "resources.cpu", True),
+    ("negative-cpu", spec("resources", {"cpu": "-8"}), "resources.cpu", True),
+    ("zero-memory", spec("resources", {"memory": "0Gi"}), "resources.memory", True),
+    ("negative-memory", spec("resources", {"memory": "-64Gi"}), "resources.memory", True),
+    ("zero-shared-memory", spec("resources", {"sharedMemory": "0"}), "resources.sharedMemory", True),
+    ("zero-head-cpu", spec("resources", {"head": {"cpu": "0.0"}}), "resources.head.cpu", True),
+    ("negative-head-memory", spec("resources", {"head": {"memory": "-8Gi"}}), "resources.head.memory", True),
+    ("zero-storage-size", spec("storage", {"create": {"size": "0"}}), "storage.create.size", True),
+    ("negative-storage-size", spec("storage", {"create": {"size": "-1Ti"}}), "storage.create.size", True),
+    (
+        "env-name-twice",
+        spec(
+            "network",
+            {
+                "env": [
+                    {"name": "NCCL_DEBUG_SUBSYS", "value": "INIT"},
+                    {"name": "NCCL_DEBUG_SUBSYS", "value": "ALL"},
+                ]
+            },
+        ),
+        "network.env",
+        True,
+    ),
+    # Strings where the API server wants a boolean or a number: it refuses them, so does validate
+    # (no lax coercion of "yes" to true or "4" to 4).
+    ("export-as-yes-string", spec("checkpoint", {"export": "yes"}), "checkpoint.export", True),
+    ("suspend-as-true-string", spec("runPolicy", {"suspend": "true"}), "runPolicy.suspend", True),
+    ("workers-as-numeric-string", spec("resources", {"workers": "4"}), "resources.workers", True),
+    ("learning-rate-as-string", spec("training", {"learningRate": "0.001"}), "training.learningRate", True),
+    ("gpus-as-boolean", spec("resources", {"gpusPerWorker": True}), "resources.gpusPerWorker", True),
+    (
+        "trust-remote-code-as-number",
+        spec("model", {"name": "x", "trustRemoteCode": 1}),
+        "model.trustRemoteCode",
+        True,
+    ),
     (
         "resume-from-run-and-checkpoint",
         spec("resumeFrom", {"run": "old/1234", "checkpoint": "seeds/a"}),
@@ -470,6 +525,22 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
     ("config-kv-heads", inline_config(num_key_value_heads=3), "model.config.num_key_value_heads", False),
     ("config-zero-layers", inline_config(num_hidden_layers=0), "model.config.num_hidden_layers", False),
     ("config-size-as-string", inline_config(vocab_size="384"), "model.config.vocab_size", False),
+    (
+        "sequence-longer-than-the-positions",
+        with_path(inline_config(max_position_embeddings=512), "spec.dataset.maxSeqLength", 1024),
+        "dataset.maxSeqLength",
+        False,
+    ),
+    (
+        "sequence-longer-than-gpt2-positions",
+        with_path(
+            inline_config(model_type="gpt2", n_positions=256, num_key_value_heads=None),
+            "spec.dataset.maxSeqLength",
+            512,
+        ),
+        "dataset.maxSeqLength",
+        False,
+    ),
 ]
 
 
@@ -560,3 +631,91 @@ def test_what_the_crd_cannot_see_it_accepts(doc: dict[str, Any]) -> None:
 def test_valid_base_passes_both(tmp_path: Path) -> None:
     assert not _crd_rejects(BASE)
     assert main(["validate", str(_write(tmp_path, BASE))]) == 0
+
+
+# ---- what the API server accepts, validate accepts too ----------------------------------------
+# (spec path, value): applied by tests/cluster/test_admission.py to the real API server as well.
+ACCEPTED: list[tuple[str, Any]] = [
+    # A whole-number float in an integer field: kube-openapi's type check takes it (stored as an
+    # integer), where JSON Schema draft 4 (the offline `_crd_rejects`) does not.
+    ("resources.workers", 2.0),
+    ("training.epochs", 3.0),
+    ("training.learningRate", 1),  # an integer in a number field
+    ("resources.cpu", "4"),  # exactly half a core for each of the 8 GPU processes
+    ("resources.memory", "+64Gi"),
+    ("resources.head.cpu", "500m"),
+]
+
+
+def accepted_doc(path: str, value: Any) -> dict[str, Any]:
+    return with_path(spec("resources.gpusPerWorker", 8), f"spec.{path}", value)
+
+
+@pytest.mark.parametrize(("path", "value"), ACCEPTED, ids=[p for p, _ in ACCEPTED])
+def test_what_the_api_server_accepts_validate_accepts(tmp_path: Path, path: str, value: Any) -> None:
+    doc = accepted_doc(path, value)
+    if not isinstance(value, float):
+        assert not _crd_rejects(doc)
+    assert main(["validate", str(_write(tmp_path, doc))]) == 0
+
+
+def test_yaml_numbers_and_booleans_are_typed_as_kubectl_types_them(tmp_path: Path) -> None:
+    """kubectl reads `2e-5` as a number and `y` as a boolean (go-yaml v2), PyYAML reads both as
+    strings; the strict parse must see kubectl's types, or it would refuse a file the server takes."""
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        yaml.safe_dump(BASE, sort_keys=False)
+        + "  training:\n    learningRate: 2e-5\n    gradientCheckpointing: y\n"
+        + "  checkpoint:\n    everySteps: 1_000\n"
+    )
+    assert main(["validate", str(path)]) == 0
+    job = parse_job(next(manifest_yaml.load_all(path.read_text())))
+    assert job.spec.training.learning_rate == 2e-5
+    assert job.spec.training.gradient_checkpointing is True
+    assert job.spec.checkpoint.every_steps == 1000
+
+
+def test_quoted_yes_is_refused_naming_the_field_and_type(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(BASE, sort_keys=False) + '  runPolicy:\n    suspend: "yes"\n')
+    assert main(["validate", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "spec.runPolicy.suspend" in err and "boolean" in err, err
+
+
+# ---- cpu for every GPU process -----------------------------------------------------------------
+def test_the_cpu_refusal_names_the_minimum(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = spec("resources", {"cpu": "1", "gpusPerWorker": 8})
+    assert main(["validate", str(_write(tmp_path, doc))]) == 1
+    assert "set resources.cpu to at least 4 " in capsys.readouterr().err
+    doc = spec("resources", {"cpu": "1", "gpusPerWorker": 3})
+    assert main(["validate", str(_write(tmp_path, doc))]) == 1
+    assert "at least 1.5 " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("gpus", [0, 1, 2, 3, 6, 7, 8, 16])
+def test_every_accepted_cpu_lets_ray_place_every_process(gpus: int) -> None:
+    """What the spec accepts, Ray can place: the processes' CPU reservations, in Ray's resource
+    units, add up to at most the ceil(cpu) CPUs KubeRay gives the worker's Ray node."""
+    accepted = 0
+    for cpu in ["100m", "500m", "900m", "1", "1.5", "2", "3", "3500m", "4", "5", "7", "8", "12", "13", "100"]:
+        try:
+            job = parse_job(spec("resources", {"cpu": cpu, "gpusPerWorker": gpus}))
+        except InvalidJob as exc:
+            assert gpus and cpu_cores(cpu) < 0.5 * gpus, exc
+            continue
+        accepted += 1
+        per_process = cluster_trainer_config(job).scaling.cpus_per_worker
+        assert per_process >= 0.5
+        assert int(per_process * 10_000) * max(gpus, 1) <= math.ceil(cpu_cores(cpu)) * 10_000, (cpu, gpus)
+    assert accepted
+
+
+# ---- the sequence and the model's positions ----------------------------------------------------
+def test_a_sequence_as_long_as_the_positions_is_accepted() -> None:
+    doc = with_path(inline_config(max_position_embeddings=1024), "spec.dataset.maxSeqLength", 1024)
+    assert parse_job(doc).spec.dataset.max_seq_length == 1024
+    # Without stated positions (transformers' per-model default), nothing is judged.
+    parse_job(with_path(inline_config(), "spec.dataset.maxSeqLength", 65536))

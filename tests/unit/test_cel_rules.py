@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from llmtrain.api.base import POSITIVE_QUANTITY_RULE
 from llmtrain.api.cel import evaluate_rule, violations
 from llmtrain.api.crd import openapi_schema
 
@@ -324,6 +325,24 @@ CASES.update(
         ],
     }
 )
+
+# Every quantity the pattern accepts, judged by its sign and mantissa: zero in any spelling
+# (suffix, exponent, decimals) and any negative fails; the smallest positive spellings pass.
+CASES[POSITIVE_QUANTITY_RULE] = [
+    ("1", "0", None),
+    ("500m", "0m", None),
+    ("0.5", "0.0", None),
+    (".5", "-.5", None),
+    ("64Gi", "0Gi", None),
+    ("+2", "-2", None),
+    ("1e3", "0e3", None),
+    ("0.0001", "00", None),
+    ("10", "-10Gi", None),
+]
+CASES[_rule("network.env names must be unique")] = [
+    ({"env": [{"name": "A"}, {"name": "B"}]}, {"env": [{"name": "A"}, {"name": "B"}, {"name": "A"}]}, None),
+    ({}, {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "1"}]}, None),
+]
 
 
 def _rules(schema: dict[str, Any]) -> Iterator[str]:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from llmtrain.api.validation import parse_job
-from llmtrain.quantity import parse_quantity
+from llmtrain.quantity import cpu_cores, parse_quantity
 from llmtrain.render import render
 
 from tests.support.jobs import EXAMPLES, minimal_job
@@ -85,7 +85,8 @@ def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
     resources: dict[str, Any] = {
         "workers": draw(st.integers(1, 64)),
         "gpusPerWorker": gpus,
-        "cpu": draw(quantities),
+        # At least half a core per GPU process (the spec refuses less: Ray could not place them).
+        "cpu": draw(quantities.filter(lambda q: cpu_cores(q) >= 0.5 * gpus)),
         "memory": memory,
         "sharedMemory": draw(st.sampled_from(fitting)),
     }

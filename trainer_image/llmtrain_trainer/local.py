@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from llmtrain.api import manifest_yaml
 from llmtrain.api.trainer_config import TrainerConfig
 from llmtrain.api.validation import InvalidJob, parse_job
 from llmtrain.constants import LOCAL_RUNS_DIR
@@ -41,7 +42,8 @@ from llmtrain_trainer.rundir import (
 def load_job_config(job_file: Path, runs_root: Path, use_gpu: bool) -> TrainerConfig:
     """Parse and validate the LLMTrainingJob file into this machine's TrainerConfig."""
     try:
-        document = yaml.safe_load(job_file.read_text(encoding="utf-8"))
+        # Typed as kubectl would send it, for parse_job's strict (API-server) types.
+        document = next(manifest_yaml.load_all(job_file.read_text(encoding="utf-8")), None)
     except OSError as exc:
         raise InvalidJobFile(f"cannot read {job_file}: {exc.strerror or exc}") from exc
     except yaml.YAMLError as exc:

@@ -53,6 +53,27 @@ def cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
     return entry
 
 
+# A quantity whose mantissa has a non-zero digit and no sign but '+': greater than zero. Given a
+# string the quantity pattern accepts, the prefix match stays inside the mantissa (every suffix and
+# exponent starts with a letter). A regex because the product's offline CEL engine has no Kubernetes
+# quantity library (`quantity(self).isGreaterThan(...)`), and the API server's OpenAPI `pattern` is
+# RE2 (no lookahead to exclude zero); `matches` runs alike in both CEL engines.
+POSITIVE_QUANTITY_RULE = "self.matches('^[+]?[0-9]*[.]?[0-9]*[1-9]')"
+
+
+def positive_quantity(field: str, example: str) -> JsonDict:
+    """Field-level rule: a zero or negative quantity is refused at apply time (the pod would be
+    refused later, or never scheduled, or the job would OOM at once)."""
+    return {
+        "x-kubernetes-validations": [
+            cel(
+                POSITIVE_QUANTITY_RULE,
+                f"{field} must be greater than zero: give a positive quantity such as '{example}'",
+            )
+        ]
+    }
+
+
 def immutable(field: str) -> JsonDict:
     """Field-level transition rule: the value may not change after creation."""
     return {

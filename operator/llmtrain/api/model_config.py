@@ -65,3 +65,26 @@ def config_problems(config: dict[str, Any]) -> list[tuple[str, str]]:
             )
         )
     return problems
+
+
+# Keys that hold the model's longest sequence: transformers' own name, and the GPT-2 family's.
+POSITION_KEYS = ("max_position_embeddings", "n_positions")
+
+
+def sequence_problems(config: dict[str, Any], max_seq_length: int) -> list[tuple[str, str]]:
+    """dataset.maxSeqLength longer than the positions the inline config gives the model: learned
+    position tables (GPT-2's) index out of range, rotary ones run past what the model is built for.
+    Judged only where the config states its positions (transformers' per-architecture defaults are
+    not known without it)."""
+    for key in POSITION_KEYS:
+        positions = config.get(key)
+        if isinstance(positions, int) and not isinstance(positions, bool) and 0 < positions < max_seq_length:
+            return [
+                (
+                    ".spec.dataset.maxSeqLength",
+                    f"dataset.maxSeqLength {max_seq_length} is longer than model.config.{key} "
+                    f"{positions}: the model has no positions past it; lower dataset.maxSeqLength to "
+                    f"at most {positions} or raise model.config.{key}",
+                )
+            ]
+    return []

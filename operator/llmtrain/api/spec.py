@@ -8,6 +8,7 @@ text), so a rule is written once.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
@@ -23,6 +24,7 @@ from llmtrain.api.base import (
     cel,
     immutable,
     metadata_keys_rule,
+    positive_quantity,
 )
 from llmtrain.api.pod_template import PodTemplateOverlay
 from llmtrain.api.trainer_spec import HF_SEED_UNSUPPORTED, TrainerSpec
@@ -35,6 +37,9 @@ MAX_NAME_LENGTH = 47
 Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=64)]
 ShortString = Annotated[str, Field(min_length=1, max_length=253)]
 
+
+# The fewest Ray CPUs the trainer reserves for each training process (ResourcesSpec's CPU check).
+MIN_CPUS_PER_PROCESS = 0.5
 
 # The largest value a Kubernetes or KubeRay int32 field holds.
 INT32_MAX = 2**31 - 1
@@ -397,8 +402,16 @@ class Toleration(ApiModel):
 class HeadResources(ApiModel):
     """The Ray head pod runs the driver and the dashboard; it gets no GPU."""
 
-    cpu: Quantity = Field(default="2", description="CPU request and limit of the Ray head.")
-    memory: Quantity = Field(default="8Gi", description="Memory request and limit of the Ray head.")
+    cpu: Quantity = Field(
+        default="2",
+        description="CPU request and limit of the Ray head.",
+        json_schema_extra=positive_quantity("resources.head.cpu", "2"),
+    )
+    memory: Quantity = Field(
+        default="8Gi",
+        description="Memory request and limit of the Ray head.",
+        json_schema_extra=positive_quantity("resources.head.memory", "8Gi"),
+    )
 
 
 class ResourcesSpec(ApiModel):
@@ -425,12 +438,36 @@ class ResourcesSpec(ApiModel):
         """/dev/shm is memory-backed and counts against the worker's memory limit: a larger one
         gets the pod OOM-killed as soon as NCCL or the object store fills it. (Quantities are
         compared here, by `llmtrain validate` and the operator; the product's CEL engine has no
-        Kubernetes quantity library.)"""
-        if parse_quantity(self.shared_memory) > parse_quantity(self.memory):
+        Kubernetes quantity library.) A zero or negative quantity is the CEL rule's to name."""
+        memory, shm = parse_quantity(self.memory), parse_quantity(self.shared_memory)
+        if memory > 0 and shm > 0 and shm > memory:
             raise ValueError(
                 f"resources.sharedMemory ({self.shared_memory}) is larger than resources.memory "
                 f"({self.memory}): /dev/shm counts against the worker's memory; lower sharedMemory "
                 "or raise memory"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _cpu_for_every_gpu_process(self) -> ResourcesSpec:
+        """A worker pod runs one training process per GPU, and Ray Train reserves
+        `cpus_per_worker` = cpu / gpusPerWorker Ray CPUs for each, but never less than
+        MIN_CPUS_PER_PROCESS (render/trainer_config.py). KubeRay starts the worker's Ray node
+        with ceil(cpu) CPUs, so below MIN_CPUS_PER_PROCESS x gpusPerWorker (`cpu: 1` with 8 GPUs:
+        8 x 0.5 = 4 Ray CPUs against 1) the processes never fit and the run waits forever.
+        Refused rather than shrinking the reservation: a GPU's process below half a core starves
+        its GPU (kernel launches, data loading, NCCL's progress threads), so such a spec is a
+        mistake. At or above the minimum, the reservations add up to cpu <= ceil(cpu) and always
+        fit. (Compared here, by `llmtrain validate` and the operator: the product's CEL engine has
+        no quantity library.)"""
+        cores = parse_quantity(self.cpu)
+        need = Decimal(str(MIN_CPUS_PER_PROCESS)) * self.gpus_per_worker
+        if cores > 0 and cores < need:
+            raise ValueError(
+                f"resources.cpu ({self.cpu}) is too small for {self.gpus_per_worker} GPUs per worker: "
+                f"each GPU's training process reserves at least {MIN_CPUS_PER_PROCESS} Ray CPU, so Ray "
+                f"could never place them and the job would wait forever; set resources.cpu to at "
+                f"least {need.normalize():f} (or lower resources.gpusPerWorker)"
             )
         return self
 
@@ -450,12 +487,22 @@ class ResourcesSpec(ApiModel):
     accelerator_label_key: Annotated[str, Field(pattern=QUALIFIED_NAME, max_length=316)] = Field(
         default="nvidia.com/gpu.product", description="Node label key that acceleratorType matches."
     )
-    cpu: Quantity = Field(default="8", description="CPU request and limit of each worker pod.")
-    memory: Quantity = Field(default="64Gi", description="Memory request and limit of each worker pod.")
+    cpu: Quantity = Field(
+        default="8",
+        description="CPU request and limit of each worker pod; with GPUs at least half a core per GPU "
+        "(each GPU's training process reserves that much Ray CPU).",
+        json_schema_extra=positive_quantity("resources.cpu", "8"),
+    )
+    memory: Quantity = Field(
+        default="64Gi",
+        description="Memory request and limit of each worker pod.",
+        json_schema_extra=positive_quantity("resources.memory", "64Gi"),
+    )
     shared_memory: Quantity = Field(
         default="16Gi",
         description="Size of the memory-backed /dev/shm of every Ray pod (NCCL and the object store "
         "need more than the 64Mi default); counts against the pod's memory.",
+        json_schema_extra=positive_quantity("resources.sharedMemory", "16Gi"),
     )
     head: HeadResources = Field(default_factory=HeadResources, description="Ray head pod resources.")
     node_selector: Annotated[
@@ -490,7 +537,10 @@ def _default_access_modes() -> list[AccessMode]:
 class StorageCreateSpec(ApiModel):
     """A PersistentVolumeClaim created for (and deleted with) the job."""
 
-    size: Quantity = Field(description="Requested capacity, e.g. 500Gi.")
+    size: Quantity = Field(
+        description="Requested capacity, e.g. 500Gi.",
+        json_schema_extra=positive_quantity("storage.create.size", "500Gi"),
+    )
     storage_class_name: Annotated[str, Field(pattern=DNS1123_SUBDOMAIN, max_length=253)] | None = Field(
         default=None, description="StorageClass; the cluster default when unset."
     )
@@ -632,6 +682,13 @@ class NetworkSpec(ApiModel):
                     "network.stepTimeoutSeconds must not exceed network.collectiveTimeoutSeconds: it "
                     "shortens the timeout once training runs",
                     ".stepTimeoutSeconds",
+                ),
+                # The list-map key already makes the API server refuse a repeated name, with a bare
+                # "Duplicate value"; this rule says what to do, and `llmtrain validate` runs it too.
+                cel(
+                    "!has(self.env) || self.env.all(e, self.env.exists_one(f, f.name == e.name))",
+                    "network.env names must be unique: keep one entry per variable name",
+                    ".env",
                 ),
                 cel(
                     f"!has(self.fabric) || self.ncclProfile in {_FABRIC_LIST}",

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from llmtrain.api import cel
 from llmtrain.api.crd import openapi_schema
 from llmtrain.api.job import LLMTrainingJob
-from llmtrain.api.model_config import config_problems
+from llmtrain.api.model_config import config_problems, sequence_problems
 
 
 @dataclass(frozen=True)
@@ -79,13 +79,38 @@ def _pydantic_problems(exc: ValidationError) -> list[Problem]:
     return problems
 
 
+def as_decoded(value: Any, schema: dict[str, Any]) -> Any:
+    """The document with the one coercion the API server makes: a whole-number float in an
+    `integer` field (`workers: 2.0`) is accepted (kube-openapi's type check) and stored as an
+    integer. Everything else keeps its JSON type, for the strict parse."""
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        extra = schema.get("additionalProperties")
+        return {
+            k: as_decoded(v, props.get(k) or (extra if isinstance(extra, dict) else {}))
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [as_decoded(v, schema.get("items", {})) for v in value]
+    if schema.get("type") == "integer" and isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def parse_job(document: Any, old: dict[str, Any] | None = None) -> LLMTrainingJob:
-    """Parse and fully validate; raise InvalidJob listing every problem."""
+    """Parse and fully validate; raise InvalidJob listing every problem.
+
+    The parse is strict about JSON types, as the API server is: "yes" or "true" is not a boolean and
+    "4" is not a number there, so neither is it here (pydantic's lax mode would coerce them, and
+    `llmtrain validate` would pass a file `kubectl apply` refuses). An object the API server stored
+    already has the server's types, so the operator's parse of it is no stricter than the server."""
     if not isinstance(document, dict):
         raise InvalidJob([Problem(".", "the document must be a YAML mapping (an LLMTrainingJob object)")])
     try:
         # Wire documents are camelCase only: a snake_case key is an unknown field to the API server.
-        job = LLMTrainingJob.model_validate(document, by_alias=True, by_name=False)
+        job = LLMTrainingJob.model_validate(
+            as_decoded(document, _schema()), by_alias=True, by_name=False, strict=True
+        )
     except ValidationError as exc:
         raise InvalidJob(_pydantic_problems(exc)) from None
     wire = job.to_wire()
@@ -96,7 +121,12 @@ def parse_job(document: Any, old: dict[str, Any] | None = None) -> LLMTrainingJo
     found = [Problem(v.path, v.message) for v in cel.violations(_schema(), wire, **kwargs)]
     if job.spec.model.config is not None:
         # Preserve-unknown in the CRD: only this check sees inside it, before anything is created.
-        found += [Problem(path, message) for path, message in config_problems(job.spec.model.config)]
+        config = job.spec.model.config
+        found += [Problem(path, message) for path, message in config_problems(config)]
+        found += [
+            Problem(path, message)
+            for path, message in sequence_problems(config, job.spec.dataset.max_seq_length)
+        ]
     if found:
         raise InvalidJob(found)
     return job

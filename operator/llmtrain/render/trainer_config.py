@@ -8,12 +8,17 @@ failure of the job finds its own run again, while a job deleted and re-created u
 
 from __future__ import annotations
 
+import math
 from pathlib import Path, PurePosixPath
 
 from llmtrain.api.job import LLMTrainingJob
+from llmtrain.api.spec import MIN_CPUS_PER_PROCESS
 from llmtrain.api.trainer_config import JobRef, ProgressSpec, ResumeSource, ScalingSpec, TrainerConfig
 from llmtrain.memory import device_memory_bytes
 from llmtrain.quantity import cpu_cores
+
+# Ray counts resources in units of 1/10000 (ray._raylet.RESOURCE_UNIT_SCALING).
+_RAY_RESOURCE_UNITS = 10_000
 
 # The run id of a job rendered without a uid (`llmtrain render` of a file never stored by the API).
 NO_UID_RUN_ID = "no-uid"
@@ -79,6 +84,15 @@ def _build(
     )
 
 
+def _ray_cpus_per_process(cores: float, gpus: int) -> float:
+    """The Ray CPUs each training process reserves: its share of the pod's cores, at least
+    MIN_CPUS_PER_PROCESS. KubeRay gives the worker's Ray node ceil(cores) CPUs and the spec refuses
+    cores below MIN_CPUS_PER_PROCESS x gpus, so the shares always fit; they are rounded down to
+    Ray's resource unit (1e-4) so that Ray's fixed-point rounding cannot push their sum past it."""
+    share = math.floor(cores / max(gpus, 1) * _RAY_RESOURCE_UNITS) / _RAY_RESOURCE_UNITS
+    return max(share, MIN_CPUS_PER_PROCESS)
+
+
 def cluster_trainer_config(job: LLMTrainingJob, progress_interval_seconds: float = 15.0) -> TrainerConfig:
     res = job.spec.resources
     gpus = res.gpus_per_worker
@@ -86,7 +100,7 @@ def cluster_trainer_config(job: LLMTrainingJob, progress_interval_seconds: float
     scaling = ScalingSpec(
         num_workers=res.workers * max(gpus, 1),
         use_gpu=gpus > 0,
-        cpus_per_worker=max(cpu_cores(res.cpu) / max(gpus, 1), 0.5),
+        cpus_per_worker=_ray_cpus_per_process(cpu_cores(res.cpu), gpus),
         devices_per_worker=max(gpus, 1),
         device_memory_bytes=device_memory_bytes(res),
     )
