@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
@@ -61,11 +62,21 @@ def test_a_stall_is_reported_once_with_rank_and_last_step_and_cleared_when_steps
     assert watchdog.check() == Stall(rank=3, last_step=43, seconds=101, timeout_seconds=300)
 
 
-def test_no_sink_still_logs() -> None:
-    reporter = StallReporter(lambda: None)
-    reporter.stalled(Stall(0, 7, 700, 1800))
-    reporter.recovered(Stall(0, 7, 700, 1800), 8)
-    reporter.close()
+def test_no_sink_still_logs(caplog: pytest.LogCaptureFixture) -> None:
+    """Outside a cluster (no status to write) the stall and the recovery are still in the log."""
+    opened: list[bool] = []
+    reporter = StallReporter(lambda: opened.append(True))  # type: ignore[func-returns-value]
+    with caplog.at_level(logging.WARNING, logger="llmtrain_trainer.watchdog"):
+        reporter.stalled(Stall(0, 7, 700, 1800))
+        reporter.stalled(Stall(0, 7, 760, 1800))
+        reporter.recovered(Stall(0, 7, 760, 1800), 8)
+        reporter.close()
+    messages = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert [level for level, _ in messages] == [logging.ERROR, logging.ERROR, logging.WARNING]
+    assert messages[0][1].startswith("TRAINING STALLED: rank 0: no training step completed")
+    assert "since step 7" in messages[0][1]
+    assert messages[2][1] == "rank 0: training continues (step 8) after a stall at step 7"
+    assert opened == [True]  # the sink is asked for once, on the first stall
 
 
 def test_the_thread_reports_a_stall_while_the_loop_is_blocked() -> None:
