@@ -42,6 +42,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 SUITE = "bookworm"
 APT_SOURCES = Path("/etc/apt/sources.list.d/debian.sources")
 HOST_PACKAGES = ("buildah", "mmdebstrap")
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 # The CUDA runtime torch 2.13's PyPI build depends on: headers and libcudart_static.a for the fabric
 # stage's `--with-cuda=/usr/local/cuda`.
 CUDA_WHEEL = "nvidia-cuda-runtime==13.0.96"
@@ -247,10 +248,11 @@ def _in_storage(reference: str) -> bool:
 
 
 @contextlib.contextmanager
-def _lock() -> Iterator[None]:
-    """One build at a time per cache (make images and a test session may both ask)."""
+def _lock(name: str) -> Iterator[None]:
+    """One build of an image (or base) at a time per cache: make images and a test session may
+    both ask; another image builds meanwhile."""
     images_dir().mkdir(parents=True, exist_ok=True)
-    with (images_dir() / ".lock").open("w") as handle:
+    with (images_dir() / f".lock-{name}").open("w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         yield
 
@@ -310,16 +312,17 @@ def _build_base(name: str) -> None:
 def ensure_base(name: str) -> str:
     """The base in buildah's storage: loaded from its archive, or made."""
     reference = base_ref(name)
-    if _in_storage(reference):
-        return reference
-    archive = images_dir() / f"base-{name}-{base_key(name)}.tar"
-    if archive.is_file():
-        _run(["buildah", "pull", "--quiet", f"oci-archive:{archive}"], capture_output=True)
-        _run(["buildah", "tag", _loaded_id(archive), reference])
-        return reference
-    started = time.monotonic()
-    _build_base(name)
-    _push(reference, archive, reference)
+    with _lock(f"base-{name}"):
+        if _in_storage(reference):
+            return reference
+        archive = images_dir() / f"base-{name}-{base_key(name)}.tar"
+        if archive.is_file():
+            _run(["buildah", "pull", "--quiet", f"oci-archive:{archive}"], capture_output=True)
+            _run(["buildah", "tag", _loaded_id(archive), reference])
+            return reference
+        started = time.monotonic()
+        _build_base(name)
+        _push(reference, archive, reference)
     print(
         f"base {name}: {time.monotonic() - started:.0f} s, {archive.stat().st_size / 1e6:.0f} MB", flush=True
     )
@@ -358,6 +361,18 @@ def metadata(name: str) -> dict[str, object]:
     return dict(json.loads(_metadata_path(archive_path(name)).read_text()))
 
 
+def _trust_volumes(tmp: Path) -> list[str]:
+    """The build's RUN steps trust the CAs this machine trusts (its HTTPS egress may be intercepted
+    by a CA only the host's bundle has): the host's bundle and a pip.conf pointing pip at it, both
+    mounted read-only for the build only, never written into a layer."""
+    if not HOST_CA_BUNDLE.is_file():
+        return []
+    pip_conf = tmp / "pip.conf"
+    pip_conf.write_text(f"[global]\ncert = {HOST_CA_BUNDLE}\n")
+    pip_conf.chmod(0o644)
+    return ["--volume", f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro", "--volume", f"{pip_conf}:/etc/pip.conf:ro"]
+
+
 def _build(name: str, key: str) -> Path:
     image = IMAGES[name]
     for base in image.bases.values():
@@ -368,12 +383,13 @@ def _build(name: str, key: str) -> Path:
     args = build_args(name)
     local = f"localhost/llmtrain/{name}:{key}"
     started = time.monotonic()
-    _run(
-        ["nice", "-n", "10", "buildah", "build", "--layers", "--isolation", "chroot", "--pull=never",
-         "--force-rm", "-f", image.dockerfile, "-t", local,
-         *(arg for k, v in args.items() for arg in ("--build-arg", f"{k}={v}")), "."],
-        cwd=REPO_ROOT,
-    )  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        _run(
+            ["nice", "-n", "10", "buildah", "build", "--layers", "--isolation", "chroot", "--pull=never",
+             "--force-rm", "-f", image.dockerfile, "-t", local, *_trust_volumes(Path(tmp)),
+             *(arg for k, v in args.items() for arg in ("--build-arg", f"{k}={v}")), "."],
+            cwd=REPO_ROOT,
+        )  # fmt: skip
     built = time.monotonic() - started
     archive = archive_path(name, key)
     _push(local, archive, ref(name, key))
@@ -399,7 +415,7 @@ def _build(name: str, key: str) -> Path:
 
 def ensure(name: str) -> Path:
     """The image's OCI archive, built first if its content changed."""
-    with _lock():
+    with _lock(name):
         if name == "trainer":
             stage_fabric_source()
         key = image_key(name)
@@ -414,7 +430,7 @@ def local_ref(name: str) -> str:
     """The image in buildah's storage (loaded from its archive when the storage lost it)."""
     archive = ensure(name)
     local = str(metadata(name)["local"])
-    with _lock():
+    with _lock(name):
         if not _in_storage(local):
             _run(["buildah", "pull", "--quiet", f"oci-archive:{archive}"], capture_output=True)
             _run(["buildah", "tag", _loaded_id(archive), local])
