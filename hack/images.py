@@ -43,9 +43,10 @@ SUITE = "bookworm"
 APT_SOURCES = Path("/etc/apt/sources.list.d/debian.sources")
 HOST_PACKAGES = ("buildah", "mmdebstrap")
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
-# The CUDA runtime torch 2.13's PyPI build depends on: headers and libcudart_static.a for the fabric
-# stage's `--with-cuda=/usr/local/cuda`.
-CUDA_WHEEL = "nvidia-cuda-runtime==13.0.96"
+# The CUDA 13.0 runtime torch 2.13's PyPI build depends on (headers, libcudart_static.a) and the
+# crt/ headers cuda_runtime_api.h includes: what the fabric stage's `--with-cuda=/usr/local/cuda`
+# compiles and links against.
+CUDA_WHEELS = ("nvidia-cuda-runtime==13.0.96", "nvidia-cuda-crt==13.0.88")
 CUDA_DIR = "/usr/local/cuda-13.0"
 # What the nvidia/cuda images set: the NVIDIA container toolkit mounts the driver's libraries there.
 NVIDIA_ENV = {
@@ -120,7 +121,7 @@ def base_key(name: str) -> str:
         "suite": SUITE,
         "packages": base.packages,
         "env": base.env,
-        "cuda": [CUDA_WHEEL, CUDA_DIR] if base.cuda else None,
+        "cuda": [*CUDA_WHEELS, CUDA_DIR] if base.cuda else None,
         "sources": sources,
     }
     return _sha(recipe)[:16]
@@ -258,22 +259,22 @@ def _lock(name: str) -> Iterator[None]:
 
 
 def _cuda_tree(stage: Path) -> None:
-    """/usr/local/cuda from the CUDA runtime wheel: include/, lib/ (lib64 -> lib), libcudart.so."""
+    """/usr/local/cuda from the CUDA wheels: include/, lib/ (lib64 -> lib), libcudart.so."""
     wheels = stage / "wheels"
     _run(
         [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-         "--platform", "manylinux2014_x86_64", "-d", str(wheels), CUDA_WHEEL]
+         "--platform", "manylinux2014_x86_64", "-d", str(wheels), *CUDA_WHEELS]
     )  # fmt: skip
-    (wheel,) = wheels.glob("*.whl")
     root = stage / "root"
     cuda = root / CUDA_DIR.lstrip("/")
-    with zipfile.ZipFile(wheel) as archive:
-        for member in archive.namelist():
-            match = re.match(r"nvidia/cu\d+/((?:include|lib)/.+)$", member)
-            if match and not member.endswith("/"):
-                target = cuda / match.group(1)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(archive.read(member))
+    for wheel in sorted(wheels.glob("*.whl")):
+        with zipfile.ZipFile(wheel) as archive:
+            for member in archive.namelist():
+                match = re.match(r"nvidia/cu\d+/((?:include|lib)/.+)$", member)
+                if match and not member.endswith("/"):
+                    target = cuda / match.group(1)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(archive.read(member))
     (cuda / "lib64").symlink_to("lib")
     (cuda / "lib" / "libcudart.so").symlink_to(next((cuda / "lib").glob("libcudart.so.*")).name)
     (root / "usr" / "local" / "cuda").symlink_to(Path(CUDA_DIR).name)
