@@ -15,7 +15,7 @@ DEEPSPEED_SPEC ?= deepspeed==0.19.8
 PYTEST_ARGS ?= -m "not e2e"
 
 .PHONY: help install test test-fast lock lint format generate demo render-example manifests e2e \
-        tools cluster cluster-down bench-operator bench-trainer bench-gpu clean
+        tools images cluster cluster-down bench-operator bench-trainer bench-gpu clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -45,6 +45,9 @@ lock: $(STAMP) ## rewrite constraints.txt from the current venv (after `make tes
 
 tools: $(STAMP) ## build the real cluster's binaries from hack/tools/*/go.mod into ~/.cache/llmtrain/bin
 	$(PY) hack/tools/build_tools.py
+
+images: $(STAMP) ## build the operator and trainer images (buildah, Debian bases) into ~/.cache/llmtrain/images
+	$(PY) hack/images.py
 
 CLUSTER_DIR ?= .cluster
 cluster: tools ## start a local cluster (real control plane, KubeRay, Kueue, fake GPU nodes) in .cluster/

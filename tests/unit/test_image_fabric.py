@@ -48,7 +48,10 @@ def test_aws_ofi_nccl_is_built_pinned_and_checksummed() -> None:
     assert version and checksum
     assert "sha256sum -c -" in fabric
     assert {"libfabric-dev", "libhwloc-dev", "libibverbs-dev"} <= _installed(fabric)
-    assert "--with-libfabric=/usr" in fabric and "--with-cuda=/usr/local/cuda" in fabric
+    assert "--with-cuda=/usr/local/cuda" in fabric
+    # The distribution's libfabric and hwloc are on the default paths; naming /usr adds
+    # `-isystem /usr/include`, which breaks the C++ build (`#include_next <stdlib.h>` fails).
+    assert not re.search(r"--with-(libfabric|hwloc)=/usr\b", fabric)
 
 
 def test_nccl_finds_the_plugin_only_when_the_efa_profile_asks() -> None:
