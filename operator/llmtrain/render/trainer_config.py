@@ -12,6 +12,7 @@ from pathlib import Path, PurePosixPath
 
 from llmtrain.api.job import LLMTrainingJob
 from llmtrain.api.trainer_config import JobRef, ProgressSpec, ResumeSource, ScalingSpec, TrainerConfig
+from llmtrain.constants import PROGRESS_INTERVAL_SECONDS
 from llmtrain.memory import device_memory_bytes
 from llmtrain.quantity import cpu_cores
 
@@ -78,15 +79,15 @@ def _build(
     )
 
 
-def cluster_trainer_config(job: LLMTrainingJob, progress_interval_seconds: float = 15.0) -> TrainerConfig:
+def cluster_trainer_config(
+    job: LLMTrainingJob, progress_interval_seconds: float = PROGRESS_INTERVAL_SECONDS
+) -> TrainerConfig:
     res = job.spec.resources
-    gpus = res.gpus_per_worker
-    # One training process per GPU; a CPU worker pod runs one process using all its cores.
     scaling = ScalingSpec(
-        num_workers=res.workers * max(gpus, 1),
-        use_gpu=gpus > 0,
-        cpus_per_worker=max(cpu_cores(res.cpu) / max(gpus, 1), 0.5),
-        devices_per_worker=max(gpus, 1),
+        num_workers=res.processes,
+        use_gpu=res.gpus_per_worker > 0,
+        cpus_per_worker=max(cpu_cores(res.cpu) / res.processes_per_worker, 0.5),
+        devices_per_worker=res.processes_per_worker,
         device_memory_bytes=device_memory_bytes(res),
     )
     return _build(
@@ -108,15 +109,23 @@ def local_trainer_config(
 ) -> TrainerConfig:
     """The same job on this machine: relative data paths resolve against the job file's folder and
     the run lives in <runs_dir>/<name>/<local_run_id> (`llmtrain run` passes the job file's stem),
-    so running the same file again resumes."""
+    so running the same file again resumes. On the CPU, each worker pod becomes one process, as a
+    job with gpusPerWorker 0 would."""
     res = job.spec.resources
-    num_workers = res.workers * (max(res.gpus_per_worker, 1) if use_gpu else 1)
+    if not use_gpu:
+        res = res.model_copy(update={"gpus_per_worker": 0})
+    scaling = ScalingSpec(
+        num_workers=res.processes,
+        use_gpu=use_gpu,
+        cpus_per_worker=1.0,
+        devices_per_worker=res.processes_per_worker,
+    )
     return _build(
         job,
         job_file_dir.resolve(),
         runs_dir.resolve(),
         local_run_id,
-        ScalingSpec(num_workers=num_workers, use_gpu=use_gpu, cpus_per_worker=1.0),
+        scaling,
         ProgressSpec(report_to_kubernetes=False),
     )
 
