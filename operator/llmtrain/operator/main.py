@@ -7,7 +7,7 @@ import logging
 import kopf
 from prometheus_client import start_http_server
 
-from llmtrain.operator import handlers, kube, settings
+from llmtrain.operator import kube, registration, settings
 from llmtrain.operator.config import OperatorConfig
 from llmtrain.operator.election import release, wait_until_leading
 
@@ -24,7 +24,7 @@ def run_operator(config: OperatorConfig) -> int:
     )
     logging.getLogger().setLevel(_LEVELS[config.log_level])
     registry = kopf.OperatorRegistry()
-    handlers.register(registry)
+    registration.register(registry)
     operator_settings = kopf.OperatorSettings()
     settings.configure(operator_settings, workers=config.workers)
     if config.metrics_port:
