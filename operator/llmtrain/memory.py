@@ -155,31 +155,42 @@ class Plan:
     @classmethod
     def of_job(cls, spec: LLMTrainingJobSpec) -> Plan:
         resources = spec.resources
-        return cls(
-            model=spec.model,
-            method=spec.method,
-            strategy=spec.strategy,
-            training=spec.training,
-            max_seq_length=spec.dataset.max_seq_length,
-            devices=resources.processes,
-            devices_per_worker=resources.processes_per_worker,
-            on_gpu=resources.gpus_per_worker > 0,
-            capacity=device_memory_bytes(resources),
+        on_gpu = resources.gpus_per_worker > 0
+        return cls._of(
+            spec, resources.processes, resources.processes_per_worker, on_gpu, device_memory_bytes(resources)
         )
 
     @classmethod
     def of_trainer(cls, config: TrainerConfig) -> Plan:
         scaling = config.scaling
+        return cls._of(
+            config,
+            scaling.num_workers,
+            scaling.devices_per_worker,
+            scaling.use_gpu,
+            scaling.device_memory_bytes,
+        )
+
+    @classmethod
+    def _of(
+        cls,
+        source: LLMTrainingJobSpec | TrainerConfig,
+        devices: int,
+        per_worker: int,
+        on_gpu: bool,
+        capacity: int | None,
+    ) -> Plan:
+        """The job's spec and the trainer's config name the same sections alike."""
         return cls(
-            model=config.model,
-            method=config.method,
-            strategy=config.strategy,
-            training=config.training,
-            max_seq_length=config.dataset.max_seq_length,
-            devices=scaling.num_workers,
-            devices_per_worker=scaling.devices_per_worker,
-            on_gpu=scaling.use_gpu,
-            capacity=scaling.device_memory_bytes,
+            model=source.model,
+            method=source.method,
+            strategy=source.strategy,
+            training=source.training,
+            max_seq_length=source.dataset.max_seq_length,
+            devices=devices,
+            devices_per_worker=per_worker,
+            on_gpu=on_gpu,
+            capacity=capacity,
         )
 
     @property

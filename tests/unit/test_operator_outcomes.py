@@ -9,14 +9,10 @@ import pytest
 from llmtrain.operator import reporting
 from llmtrain.operator.status import (
     Announcement,
-    Created,
     Failure,
-    Kept,
-    Mirrored,
-    Recreated,
     Refused,
     Report,
-    Synced,
+    Step,
     operator_status,
 )
 
@@ -93,12 +89,12 @@ def test_a_refusal_keeps_the_phase_and_warns_once_per_cause() -> None:
 
 
 def test_a_finished_job_only_acknowledges_an_edit() -> None:
-    said = operator_status(_job({"phase": "Succeeded"}, generation=5), None, Kept(), NOW)
+    said = operator_status(_job({"phase": "Succeeded"}, generation=5), None, Step.KEPT, NOW)
     assert said == Report({"observedGeneration": 5})
 
 
 def test_the_first_status_clears_a_fixed_spec_and_mirrors_the_new_rayjob() -> None:
-    said = operator_status(_job({"phase": "Failed", "conditions": INVALID}), _rayjob(), Created(), NOW)
+    said = operator_status(_job({"phase": "Failed", "conditions": INVALID}), _rayjob(), Step.CREATED, NOW)
     update = said.update
     assert (update["phase"], update["message"], update["rayJobName"]) == (
         "Pending",
@@ -114,14 +110,14 @@ def test_the_first_status_clears_a_fixed_spec_and_mirrors_the_new_rayjob() -> No
 
 
 def test_a_synced_job_names_its_rayjob_and_leaves_the_phase_to_the_mirror() -> None:
-    said = operator_status(_job({"phase": "Running", "conditions": INVALID}), _rayjob(), Synced(), NOW)
+    said = operator_status(_job({"phase": "Running", "conditions": INVALID}), _rayjob(), Step.SYNCED, NOW)
     assert set(said.update) == {"observedGeneration", "rayJobName", "conditions"}
     assert said.update["rayJobName"] == "j" and said.event is None
     assert next(c for c in said.update["conditions"] if c["type"] == "InvalidSpec")["status"] == "False"
 
 
 def test_a_recreated_rayjob_is_always_announced() -> None:
-    said = operator_status(_job({"phase": "Running", "rayJobName": "j"}), _rayjob(), Recreated(), NOW)
+    said = operator_status(_job({"phase": "Running", "rayJobName": "j"}), _rayjob(), Step.RECREATED, NOW)
     assert said.update["phase"] == "Initializing" and said.update["message"].startswith("starting a new Ray")
     assert said.event == Announcement(
         "Warning",
@@ -135,22 +131,22 @@ def test_a_recreated_rayjob_is_always_announced() -> None:
 def test_a_mirrored_transition_is_its_event() -> None:
     failed = _rayjob({"jobDeploymentStatus": "Failed", "reason": "AppFailed", "message": "exit 1"})
     said = operator_status(
-        _job({"phase": "Running", "progress": {"error": "OOM on rank 1"}}), failed, Mirrored(), NOW
+        _job({"phase": "Running", "progress": {"error": "OOM on rank 1"}}), failed, Step.MIRRORED, NOW
     )
     message = "the training application failed: exit 1; trainer reported: OOM on rank 1"
     assert (said.update["phase"], said.update["message"]) == ("Failed", message)
     assert said.event == Announcement("Warning", "AppFailed", f"phase Running → Failed: {message}")
     assert said.announce == "phase"
-    running = operator_status(_job(), _rayjob({"jobDeploymentStatus": "Running"}), Mirrored(), NOW)
+    running = operator_status(_job(), _rayjob({"jobDeploymentStatus": "Running"}), Step.MIRRORED, NOW)
     assert running.event == Announcement("Normal", "Training", "phase None → Running: training")
 
 
 def test_an_invalid_job_mirrors_nothing() -> None:
-    said = operator_status(_job({"phase": "Failed", "conditions": INVALID}), _rayjob(), Mirrored(), NOW)
+    said = operator_status(_job({"phase": "Failed", "conditions": INVALID}), _rayjob(), Step.MIRRORED, NOW)
     assert said == Report({})
 
 
-@pytest.mark.parametrize("outcome", [Mirrored(), Created(), Recreated(), Synced()])
+@pytest.mark.parametrize("outcome", [Step.MIRRORED, Step.CREATED, Step.RECREATED, Step.SYNCED])
 def test_outcomes_about_the_rayjob_need_it(outcome: Any) -> None:
     with pytest.raises(ValueError, match="needs the job's RayJob"):
         operator_status(_job(), None, outcome, NOW)
@@ -178,10 +174,10 @@ class _Kube:
     ("status", "outcome", "patched", "events"),
     [
         # A phase change is written and announced; the same status again is neither.
-        ({}, Mirrored(), True, ["Training"]),
-        ({"phase": "Running"}, Synced(), True, []),
+        ({}, Step.MIRRORED, True, ["Training"]),
+        ({"phase": "Running"}, Step.SYNCED, True, []),
         # A recreated RayJob is said even when the status already reads so.
-        (None, Recreated(), False, ["RayJobRecreated"]),
+        (None, Step.RECREATED, False, ["RayJobRecreated"]),
         # A failure is announced when written, not on every retry that changes nothing.
         (None, Failure("CreateFailed", "boom"), False, []),
     ],
@@ -204,5 +200,5 @@ def test_the_writer_writes_changes_and_posts_what_the_report_asks(
 
 def test_the_first_write_is_conditional_on_the_version_read() -> None:
     kube = _Kube()
-    reporting.report(kube, _job(), _rayjob(), Created(), precondition=True)  # type: ignore[arg-type]
+    reporting.report(kube, _job(), _rayjob(), Step.CREATED, precondition=True)  # type: ignore[arg-type]
     assert kube.patches[0]["metadata"] == {"resourceVersion": "7"}

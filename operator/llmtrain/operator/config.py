@@ -95,15 +95,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     scope.add_argument(
         "--namespace", "-n", action="append", default=[], help="watch this namespace (repeatable)"
     )
-    parser.add_argument(
-        "--liveness-port", type=int, default=DEFAULT_LIVENESS_PORT, help="serves /healthz (0 disables)"
+    numbers: tuple[tuple[str, type[int] | type[float], float, str], ...] = (
+        ("--liveness-port", int, DEFAULT_LIVENESS_PORT, "serves /healthz (0 disables)"),
+        ("--metrics-port", int, DEFAULT_METRICS_PORT, "serves Prometheus /metrics (0 disables)"),
+        ("--workers", int, DEFAULT_WORKERS, "handler threads (and API connections)"),
+        (
+            "--resync-seconds",
+            float,
+            DEFAULT_RESYNC_SECONDS,
+            "re-derive every job's status from its RayJob this often (missed events, failed writes)",
+        ),
+        (
+            "--lease-seconds",
+            int,
+            DEFAULT_LEASE_SECONDS,
+            "a leader that stops renewing is replaced after this",
+        ),
     )
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=DEFAULT_METRICS_PORT,
-        help="serves Prometheus /metrics (0 disables)",
-    )
+    for flag, kind, default, text in numbers:
+        parser.add_argument(flag, type=kind, default=default, help=text)
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="json")
     parser.add_argument("--trainer-image", help="default trainer image for jobs that set none")
@@ -114,29 +124,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a Secret (in each job's namespace) every trainer pod pulls with (repeatable)",
     )
     parser.add_argument(
-        "--workers", type=int, default=DEFAULT_WORKERS, help="handler threads (and API connections)"
-    )
-    parser.add_argument(
-        "--resync-seconds",
-        type=float,
-        default=DEFAULT_RESYNC_SECONDS,
-        help="re-derive every job's status from its RayJob this often (missed events, failed writes)",
-    )
-    parser.add_argument(
         "--leader-elect",
         action="store_true",
         help="stand by until this process holds a coordination.k8s.io Lease (several replicas)",
     )
     parser.add_argument("--leader-election-name", default=OPERATOR_NAME, help="the Lease's name")
     parser.add_argument(
-        "--leader-election-namespace",
-        help="the Lease's namespace (default: the pod's own namespace)",
-    )
-    parser.add_argument(
-        "--lease-seconds",
-        type=int,
-        default=DEFAULT_LEASE_SECONDS,
-        help="a leader that stops renewing is replaced after this",
+        "--leader-election-namespace", help="the Lease's namespace (default: the pod's own namespace)"
     )
 
 

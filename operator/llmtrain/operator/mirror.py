@@ -22,7 +22,7 @@ from llmtrain.operator.kube import RESOURCES, ApiError, Kube
 from llmtrain.operator.metrics import ERRORS, PHASE_BOOK
 from llmtrain.operator.reconcile import recreate
 from llmtrain.operator.reporting import JOB_RESOURCE, job_key, report
-from llmtrain.operator.status import Mirrored, ended, finished
+from llmtrain.operator.status import Step, ended, finished
 
 RAYJOB_RESOURCE = RESOURCES[(RAY_GROUP_VERSION, RAYJOB_KIND)]
 # Quick retries of a failed mirror write inside the event handler; the resync pass does the rest.
@@ -41,7 +41,7 @@ def mirror_rayjob(
             if event.get("type") == "DELETED":
                 rayjob_gone(memo.kube, memo.config, job, body, logger)
             else:
-                report(memo.kube, job, body, Mirrored())
+                report(memo.kube, job, body, Step.MIRRORED)
             return
         except ApiError as err:
             ERRORS.labels(reason=f"StatusHttp{err.status}").inc()
@@ -89,7 +89,7 @@ def rayjob_gone(
         return
     if last is not None:
         if ended(last):  # it finished, then went: report the end
-            report(kube, job, last, Mirrored())
+            report(kube, job, last, Step.MIRRORED)
             return
     else:
         try:  # seen missing in a list: make sure before creating it again
@@ -134,7 +134,7 @@ def resync_all(kube: Kube, config: OperatorConfig, logger: logging.Logger) -> No
                 if rayjob is None:
                     rayjob_gone(kube, config, job, None, logger)
                 elif (owner_ref(rayjob) or {}).get("uid") == meta.get("uid"):
-                    report(kube, job, rayjob, Mirrored())
+                    report(kube, job, rayjob, Step.MIRRORED)
             except ApiError as err:
                 ERRORS.labels(reason=f"ResyncHttp{err.status}").inc()
                 logger.warning(f"resync of {job_key(meta)}: {err}")

@@ -27,7 +27,7 @@ from llmtrain.operator.config import OperatorConfig
 from llmtrain.operator.kube import ApiError, Kube
 from llmtrain.operator.metrics import ERRORS, PHASE_BOOK, RECONCILE_SECONDS
 from llmtrain.operator.reporting import job_key, report
-from llmtrain.operator.status import Created, Failure, Kept, Recreated, Refused, Synced, finished, was_invalid
+from llmtrain.operator.status import Failure, Refused, Step, finished, was_invalid
 from llmtrain.render import render
 
 
@@ -72,7 +72,7 @@ def _reconcile(
         # Never started again, whatever became of its RayJob; an edit (e.g. its TTL) still reaches
         # the RayJob if it is there.
         sync_if_present(kube, objects[-1])
-        report(kube, body, None, Kept())
+        report(kube, body, None, Step.KEPT)
         return
     try:
         result = ensure_all(kube, objects)
@@ -105,13 +105,13 @@ def _reconcile(
         # Written only if the job is unchanged since this handler read it: the RayJob's events may
         # already have had a newer state mirrored, which then wins (409, and the retry lands here
         # no more).
-        report(kube, body, result.rayjob, Created(), precondition=True)
+        report(kube, body, result.rayjob, Step.CREATED, precondition=True)
     elif child_key(result.rayjob) in result.created:
         # Named in the status, yet created now: it was deleted while no handler was watching (the
         # operator down, a missed event). Said on purpose, as when the deletion is seen.
         report_recreated(kube, body, result.rayjob, logger)
     else:
-        report(kube, body, result.rayjob, Synced())
+        report(kube, body, result.rayjob, Step.SYNCED)
 
 
 def recreate(kube: Kube, config: OperatorConfig, job: Mapping[str, Any], logger: Any) -> None:
@@ -126,7 +126,7 @@ def recreate(kube: Kube, config: OperatorConfig, job: Mapping[str, Any], logger:
 
 
 def report_recreated(kube: Kube, job: Mapping[str, Any], rayjob: dict[str, Any], logger: Any) -> None:
-    said = report(kube, job, rayjob, Recreated())
+    said = report(kube, job, rayjob, Step.RECREATED)
     if said.event is not None:
         logger.warning(said.event.message)
 

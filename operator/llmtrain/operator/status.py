@@ -8,6 +8,7 @@ belongs to the trainer and is never produced here.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, assert_never
@@ -267,30 +268,15 @@ def ended(rayjob: Mapping[str, Any]) -> bool:
     return observe(dict(rayjob.get("status") or {})).phase in TERMINAL
 
 
-# What a handler found; `operator_status` turns it, with the job and its RayJob, into the status.
-@dataclass(frozen=True)
-class Mirrored:
-    """The RayJob's state as it is (or its last one, before it was deleted)."""
+class Step(enum.Enum):
+    """What a handler did or saw; with `Refused` and `Failure`, the outcomes `operator_status` turns,
+    with the job and its RayJob, into the status."""
 
-
-@dataclass(frozen=True)
-class Created:
-    """The job's children were created or adopted, and nothing was mirrored yet: the first status."""
-
-
-@dataclass(frozen=True)
-class Recreated:
-    """The unfinished job's RayJob was gone and has been created again."""
-
-
-@dataclass(frozen=True)
-class Synced:
-    """The spec reached children that already exist; the RayJob's events report its state."""
-
-
-@dataclass(frozen=True)
-class Kept:
-    """A finished job stays finished: an edit is only acknowledged (observedGeneration)."""
+    MIRRORED = "mirrored"  # the RayJob's state as it is (or its last one, before it was deleted)
+    CREATED = "created"  # children created or adopted, nothing mirrored yet: the first status
+    RECREATED = "recreated"  # the unfinished job's RayJob was gone and has been created again
+    SYNCED = "synced"  # the spec reached children that exist; the RayJob's events report its state
+    KEPT = "kept"  # a finished job stays finished: an edit is only acknowledged (observedGeneration)
 
 
 @dataclass(frozen=True)
@@ -309,7 +295,7 @@ class Failure:
     message: str
 
 
-Outcome = Mirrored | Created | Recreated | Synced | Kept | Refused | Failure
+Outcome = Step | Refused | Failure
 
 
 @dataclass(frozen=True)
@@ -365,28 +351,28 @@ def operator_status(
         return Report(
             update, Announcement("Warning", "CreateRefused", message), "write" if first else "phase"
         )
-    if isinstance(outcome, Kept):
+    if outcome is Step.KEPT:
         return Report({"observedGeneration": generation})
     if rayjob is None:
-        raise ValueError(f"{type(outcome).__name__} needs the job's RayJob")
+        raise ValueError(f"{outcome} needs the job's RayJob")
     name = rayjob["metadata"]["name"]
-    if isinstance(outcome, Synced):
+    if outcome is Step.SYNCED:
         cleared = clear_invalid_spec(conditions, generation, now)
         return Report({"observedGeneration": generation, "rayJobName": name, "conditions": cleared})
-    if isinstance(outcome, Created):
+    if outcome is Step.CREATED:
         cleared = clear_invalid_spec(conditions, generation, now)
         update, _ = derive(rayjob, {**status, "conditions": cleared}, generation, now)
         return Report(
             update, Announcement("Normal", "Created", f"created RayJob {name} and its objects"), "write"
         )
-    if isinstance(outcome, Recreated):
+    if outcome is Step.RECREATED:
         update, _ = derive(rayjob, status, generation, now)
         message = (
             f"RayJob {name} was deleted while the job was {status.get('phase')}; "
             "created it again: training resumes from the latest checkpoint"
         )
         return Report(update, Announcement("Warning", "RayJobRecreated", message), "always")
-    if isinstance(outcome, Mirrored):
+    if outcome is Step.MIRRORED:
         if was_invalid(status):
             return Report({})  # nothing runs; the reconciler reports the spec
         update, observed = derive(rayjob, status, generation, now)
