@@ -43,9 +43,7 @@ def reconcile(
     try:
         _reconcile(memo.kube, memo.config, body, dict(status), logger, retry)
     except ApiError as err:  # a status write; the children's errors are handled inside
-        ERRORS.labels(reason=f"StatusHttp{err.status}").inc()
-        delay = 0.2 if err.status == 409 else err.retry_after or 2
-        raise kopf.TemporaryError(f"status write: {err}", delay=delay) from err
+        raise _status_write_failed("status write", err) from err
     finally:
         RECONCILE_SECONDS.observe(time.perf_counter() - started)
 
@@ -105,7 +103,10 @@ def _reconcile(
         # Written only if the job is unchanged since this handler read it: the RayJob's events may
         # already have had a newer state mirrored, which then wins (409, and the retry lands here
         # no more).
-        report(kube, body, result.rayjob, Step.CREATED, precondition=True)
+        try:
+            report(kube, body, result.rayjob, Step.CREATED, precondition=True)
+        except ApiError as err:
+            raise _status_write_failed("first status write", err) from err
     elif child_key(result.rayjob) in result.created:
         # Named in the status, yet created now: it was deleted while no handler was watching (the
         # operator down, a missed event). Said on purpose, as when the deletion is seen.
@@ -165,6 +166,13 @@ def _sync_workload(kube: Kube, rayjob: dict[str, Any], *, active: bool, logger: 
     except ApiError as err:
         ERRORS.labels(reason=f"WorkloadHttp{err.status}").inc()
         raise kopf.TemporaryError(f"Kueue Workload: {err}", delay=err.retry_after or 5) from err
+
+
+def _status_write_failed(what: str, err: ApiError) -> kopf.TemporaryError:
+    """Retried soon: at once after a 409 (re-read; the mirror wrote first), else as the server says."""
+    ERRORS.labels(reason=f"StatusHttp{err.status}").inc()
+    delay = 0.2 if err.status == 409 else err.retry_after or 2
+    return kopf.TemporaryError(f"{what}: {err}", delay=delay)
 
 
 def _refusal_backoff(retry: int) -> float:
