@@ -29,11 +29,19 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from llmtrain.constants import GROUP_VERSION, PLURAL  # noqa: E402
+from llmtrain.constants import GROUP_VERSION, PLURAL, RAY_GROUP_VERSION, RAYJOB_PLURAL  # noqa: E402
 from llmtrain.operator.config import DEFAULT_RESYNC_SECONDS  # noqa: E402
 
 from tests.support.cluster import audit, processes  # noqa: E402
 from tests.support.cluster.cluster import Cluster  # noqa: E402
+from tests.support.cluster.steps import (  # noqa: E402
+    CHART,
+    OPERATOR_USER,
+    PLATFORM_NAMESPACE,
+    RELEASE,
+    helm,
+    start_operator,
+)
 from tests.support.jobs import minimal_job  # noqa: E402
 
 
@@ -176,8 +184,6 @@ def start_cluster(directory: Path | None, with_kueue: bool) -> tuple[Cluster, Ca
 
 def install_chart(cluster: Cluster) -> None:
     """`helm install` of charts/llmtrain, as the cluster tests' `platform` fixture does."""
-    from tests.cluster.conftest import CHART, PLATFORM_NAMESPACE, RELEASE, helm
-
     if helm(cluster, "status", RELEASE, "-n", PLATFORM_NAMESPACE, check=False).returncode != 0:
         helm(cluster, "install", RELEASE, str(CHART), "-n", PLATFORM_NAMESPACE, "--create-namespace")
 
@@ -191,8 +197,6 @@ def bench_job(name: str, namespace: str, suspended: bool) -> dict[str, Any]:
 
 def requests_per_job(cluster: Cluster, since: int, jobs: int) -> str:
     """What the operator asked of the API server, per job, by verb and resource (its audit trail)."""
-    from tests.cluster.conftest import OPERATOR_USER
-
     counts = collections.Counter(
         f"{call.verb} {call.resource}" for call in audit.calls(cluster.audit_log, OPERATOR_USER, since)
     )
@@ -222,8 +226,6 @@ async def run(args: argparse.Namespace) -> str:
         )
         for ns in (namespace, f"{namespace}-warmup"):
             cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}])
-        from tests.cluster.conftest import start_operator
-
         operator = start_operator(
             cluster,
             tmp,
@@ -235,12 +237,13 @@ async def run(args: argparse.Namespace) -> str:
         proc = operator.proc
         # Warm-up: one job elsewhere until its RayJob exists, so the operator is watching and authorized.
         group = f"/apis/{GROUP_VERSION}/namespaces"
+        ray = f"/apis/{RAY_GROUP_VERSION}/namespaces"
         await api.create(
             f"{group}/{namespace}-warmup/{PLURAL}",
             bench_job("warmup", f"{namespace}-warmup", suspended),
         )
         deadline = time.monotonic() + 120
-        while not await api.exists(f"/apis/ray.io/v1/namespaces/{namespace}-warmup/rayjobs/warmup"):
+        while not await api.exists(f"{ray}/{namespace}-warmup/{RAYJOB_PLURAL}/warmup"):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"the operator did not start; see {tmp / 'operator.log'}")
             await asyncio.sleep(0.2)
@@ -268,7 +271,7 @@ async def run(args: argparse.Namespace) -> str:
                     done.set()
 
         watchers = [
-            asyncio.create_task(api.watch(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs", on_rayjob)),
+            asyncio.create_task(api.watch(f"{ray}/{namespace}/{RAYJOB_PLURAL}", on_rayjob)),
             asyncio.create_task(api.watch(f"{group}/{namespace}/{PLURAL}", on_job)),
         ]
         await asyncio.sleep(1)

@@ -20,8 +20,8 @@ from llmtrain import memory, plain_yaml
 from llmtrain.api import manifest_yaml
 from llmtrain.api.crd import crd_yaml
 from llmtrain.api.validation import InvalidJob, Problem, parse_job
-from llmtrain.constants import DEFAULT_TRAINER_IMAGE, LOCAL_RUNS_DIR, OPERATOR_NAME
-from llmtrain.operator.config import DEFAULT_RESYNC_SECONDS, DEFAULT_WORKERS
+from llmtrain.constants import DEFAULT_TRAINER_IMAGE, LOCAL_RUNS_DIR
+from llmtrain.operator import config as operator_config
 
 TRAINERS_GROUP = "llmtrain.trainers"
 """The entry point group the trainer package registers its runners in (see pyproject.toml)."""
@@ -158,6 +158,11 @@ def cmd_upload(args: argparse.Namespace) -> int:
 
 def cmd_operator(args: argparse.Namespace) -> int:
     try:
+        config = operator_config.from_args(args)
+    except operator_config.ConfigError as exc:
+        print(f"llmtrain operator: {exc}", file=sys.stderr)
+        return 2
+    try:
         from llmtrain.operator.main import run_operator
     except ImportError as exc:
         print(
@@ -165,7 +170,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    return run_operator(args)
+    return run_operator(config)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -218,46 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_upload)
 
     p = sub.add_parser("operator", help="run the Kubernetes operator")
-    scope = p.add_mutually_exclusive_group()
-    scope.add_argument(
-        "--all-namespaces", "-A", action="store_true", default=False, help="watch every namespace (default)"
-    )
-    scope.add_argument(
-        "--namespace", "-n", action="append", default=[], help="watch this namespace (repeatable)"
-    )
-    p.add_argument("--liveness-port", type=int, default=8080, help="serves /healthz (0 disables)")
-    p.add_argument("--metrics-port", type=int, default=9090, help="serves Prometheus /metrics (0 disables)")
-    p.add_argument("--log-level", choices=["debug", "info", "warning"], default="info")
-    p.add_argument("--log-format", choices=["json", "plain"], default="json")
-    p.add_argument("--trainer-image", help="default trainer image for jobs that set none")
-    p.add_argument(
-        "--image-pull-secret",
-        action="append",
-        default=[],
-        help="a Secret (in each job's namespace) every trainer pod pulls with (repeatable)",
-    )
-    p.add_argument(
-        "--workers", type=int, default=DEFAULT_WORKERS, help="handler threads (and API connections)"
-    )
-    p.add_argument(
-        "--resync-seconds",
-        type=float,
-        default=DEFAULT_RESYNC_SECONDS,
-        help="re-derive every job's status from its RayJob this often (missed events, failed writes)",
-    )
-    p.add_argument(
-        "--leader-elect",
-        action="store_true",
-        help="stand by until this process holds a coordination.k8s.io Lease (several replicas)",
-    )
-    p.add_argument("--leader-election-name", default=OPERATOR_NAME, help="the Lease's name")
-    p.add_argument(
-        "--leader-election-namespace",
-        help="the Lease's namespace (default: the pod's own namespace)",
-    )
-    p.add_argument(
-        "--lease-seconds", type=int, default=15, help="a leader that stops renewing is replaced after this"
-    )
+    operator_config.add_arguments(p)
     p.set_defaults(func=cmd_operator)
     return parser
 

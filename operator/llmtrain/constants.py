@@ -5,8 +5,8 @@ The operator, the renderer, the CLI and the trainer import these; the CRD is gen
 checked against them: Chart.yaml, values.yaml, the READMEs, docs/, the Dockerfiles and the Ray pin by
 tests/chart/test_constants.py, the e2e script by tests/e2e/test_e2e.py.
 
-This module imports nothing: the trainer's progress reporter needs only the standard library, and
-setuptools reads VERSION from the source without importing it.
+This module imports nothing: anything may import it without cost, and setuptools reads VERSION from
+the source without importing it.
 """
 
 # The release: the package version, the chart's appVersion, the tag of both default images.
@@ -26,14 +26,32 @@ OPERATOR_NAME = "llmtrain-operator"
 JOB_LABEL = f"{API_GROUP}/job"  # every child: the LLMTrainingJob it belongs to
 ROLE_LABEL = f"{API_GROUP}/role"  # Ray pods: head or worker
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# Kueue's API group, and the label that queues a RayJob in one of its LocalQueues.
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSION = "v1beta2"
+KUEUE_QUEUE_LABEL = f"{KUEUE_GROUP}/queue-name"
 # On a queued job's RayJob: its user asked to suspend it (runPolicy.suspend). Kueue owns the RayJob's
 # `suspend`, so the operator deactivates the job's Kueue Workload instead, and says so in the status.
 SUSPENDED_BY_USER_ANNOTATION = f"{API_GROUP}/suspended"
-# Kueue's Workload of a job: the API the operator patches, and the label naming the job's uid.
-KUEUE_GROUP = "kueue.x-k8s.io"
-KUEUE_VERSION = "v1beta2"
-KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+# Kueue's Workload of a job: the resource the operator patches, and the label naming the job's uid.
+KUEUE_WORKLOAD_PLURAL = "workloads"
+KUEUE_JOB_UID_LABEL = f"{KUEUE_GROUP}/job-uid"
+
+# KubeRay's RayJob: what the operator renders, creates, watches and mirrors.
+RAY_API_GROUP = "ray.io"
+RAY_API_VERSION = "v1"
+RAY_GROUP_VERSION = f"{RAY_API_GROUP}/{RAY_API_VERSION}"  # a RayJob's `apiVersion`
+RAYJOB_KIND = "RayJob"
+RAYJOB_PLURAL = "rayjobs"
+# KubeRay derives pod and service names from the RayJob's name and caps it at 47 characters: the
+# longest job name, and the longest name of any child the operator renders.
+MAX_NAME_LENGTH = 47
+
+# How often, at most, the trainer's rank 0 patches status.progress (it also patches at once on a
+# checkpoint, the end, or an error).
+PROGRESS_INTERVAL_SECONDS = 15.0
+# How the operator and the trainer write a time into a status (RFC 3339, UTC, whole seconds).
+RFC3339_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 # The trainer config: rendered into the job's ConfigMap, mounted at CONFIG_DIR on every Ray pod.
 CONFIG_DIR = "/etc/llmtrain"

@@ -147,7 +147,7 @@ class Plan:
     strategy: StrategySpec
     training: TrainingSpec
     max_seq_length: int
-    workers: int
+    devices: int  # training processes, one device each (ResourcesSpec.processes)
     devices_per_worker: int
     on_gpu: bool
     capacity: int | None
@@ -155,36 +155,52 @@ class Plan:
     @classmethod
     def of_job(cls, spec: LLMTrainingJobSpec) -> Plan:
         resources = spec.resources
-        return cls(
-            model=spec.model,
-            method=spec.method,
-            strategy=spec.strategy,
-            training=spec.training,
-            max_seq_length=spec.dataset.max_seq_length,
-            workers=resources.workers,
-            devices_per_worker=max(resources.gpus_per_worker, 1),
-            on_gpu=resources.gpus_per_worker > 0,
-            capacity=device_memory_bytes(resources),
+        on_gpu = resources.gpus_per_worker > 0
+        return cls._of(
+            spec, resources.processes, resources.processes_per_worker, on_gpu, device_memory_bytes(resources)
         )
 
     @classmethod
     def of_trainer(cls, config: TrainerConfig) -> Plan:
         scaling = config.scaling
+        return cls._of(
+            config,
+            scaling.num_workers,
+            scaling.devices_per_worker,
+            scaling.use_gpu,
+            scaling.device_memory_bytes,
+        )
+
+    @classmethod
+    def _of(
+        cls,
+        source: LLMTrainingJobSpec | TrainerConfig,
+        devices: int,
+        per_worker: int,
+        on_gpu: bool,
+        capacity: int | None,
+    ) -> Plan:
+        """The job's spec and the trainer's config name the same sections alike."""
         return cls(
-            model=config.model,
-            method=config.method,
-            strategy=config.strategy,
-            training=config.training,
-            max_seq_length=config.dataset.max_seq_length,
-            workers=max(scaling.num_workers // scaling.devices_per_worker, 1),
-            devices_per_worker=scaling.devices_per_worker,
-            on_gpu=scaling.use_gpu,
-            capacity=scaling.device_memory_bytes,
+            model=source.model,
+            method=source.method,
+            strategy=source.strategy,
+            training=source.training,
+            max_seq_length=source.dataset.max_seq_length,
+            devices=devices,
+            devices_per_worker=per_worker,
+            on_gpu=on_gpu,
+            capacity=capacity,
         )
 
     @property
-    def devices(self) -> int:
-        return self.workers * self.devices_per_worker
+    def workers(self) -> int:
+        """Worker pods, for advice in resources.workers' terms."""
+        return max(self.devices // self.devices_per_worker, 1)
+
+    def with_workers(self, workers: int) -> Plan:
+        """The same plan on `workers` pods of as many devices each."""
+        return replace(self, devices=workers * self.devices_per_worker)
 
 
 @dataclass(frozen=True)
@@ -468,7 +484,7 @@ def _workers_needed(plan: Plan, model: Model, capacity: int) -> int | None:
         return None
 
     def fits(workers: int) -> bool:
-        return _fits(replace(plan, workers=workers), model, capacity)
+        return _fits(plan.with_workers(workers), model, capacity)
 
     low, high = plan.workers, _max_workers()
     if not fits(high):

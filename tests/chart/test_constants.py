@@ -28,6 +28,7 @@ from llmtrain.constants import (
     KIND,
     KUBERAY_VERSION,
     MANAGED_BY_LABEL,
+    MAX_NAME_LENGTH,
     OPERATOR_IMAGE_REPOSITORY,
     OPERATOR_NAME,
     PLURAL,
@@ -37,7 +38,6 @@ from llmtrain.constants import (
 )
 from llmtrain.render import ImageSettings, render
 from llmtrain.render.names import (
-    MAX_CHILD_NAME,
     child_name,
     configmap_name,
     pvc_name,
@@ -285,7 +285,7 @@ def test_the_containment_policy_names_the_constant_marks_and_names() -> None:
         "trainerSuffix": trainer_account_name("j")[1:],
     }
     assert {name: _cel_string(variables[name]) for name in literals} == literals
-    assert int(variables["maxName"]) == MAX_CHILD_NAME
+    assert int(variables["maxName"]) == MAX_NAME_LENGTH
     suffixes = {
         "rayjobs": rayjob_name("j")[1:],
         "configmaps": configmap_name("j")[1:],
@@ -297,7 +297,7 @@ def test_the_containment_policy_names_the_constant_marks_and_names() -> None:
     for resource, suffix in suffixes.items():
         assert f"'{resource}': '{suffix}'" in " ".join(variables["suffix"].split()), resource
     # A hashed name is "<prefix>-<5 hex digits><suffix>", the form the policy accepts past the limit.
-    long = "j" * MAX_CHILD_NAME
+    long = "j" * MAX_NAME_LENGTH
     assert re.fullmatch(rf"j+-[0-9a-f]{{5}}{suffixes['configmaps']}", child_name(long, "config"))
     # The pods' volumes: the kinds spec.podTemplate may add, which restricted Pod Security admits.
     allowed = set(re.findall(r"has\(v\.(\w+)\)", variables["podVolumesAreOwn"]))

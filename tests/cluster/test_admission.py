@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cluster.conftest import apply_doc, get
 from tests.support.cluster.cluster import Cluster
+from tests.support.cluster.steps import apply_doc, get
 from tests.support.jobs import minimal_job, with_path
 from tests.unit.test_bad_specs import ACCEPTED, BAD, accepted_doc, cel_messages
 

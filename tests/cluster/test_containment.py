@@ -22,7 +22,8 @@ from llmtrain.api.validation import parse_job
 from llmtrain.constants import JOB_LABEL, MANAGED_BY_LABEL
 from llmtrain.render import render
 
-from tests.cluster.conftest import (
+from tests.support.cluster.cluster import Cluster
+from tests.support.cluster.steps import (
     CHART,
     OPERATOR_USER,
     RELEASE,
@@ -35,7 +36,6 @@ from tests.cluster.conftest import (
     wait_for,
     wait_phase,
 )
-from tests.support.cluster.cluster import Cluster
 
 POLICY = f"ValidatingAdmissionPolicy '{RELEASE}-operator'"
 CAPABILITIES = "its pods add no capabilities, except IPC_LOCK alone on a worker container"

@@ -15,9 +15,9 @@ import pytest
 from llmtrain.api.validation import parse_job
 from llmtrain.render import render
 
-from tests.cluster.conftest import OperatorProcess, apply_doc, cpu_job, items, wait_for, wait_phase
 from tests.support.cluster import nodes
 from tests.support.cluster.cluster import Cluster
+from tests.support.cluster.steps import OperatorProcess, apply_doc, cpu_job, items, wait_for, wait_phase
 
 DEVICE = "rdma/rdma_shared_device_a"
 ENFORCE = "pod-security.kubernetes.io/enforce"

@@ -20,7 +20,9 @@ import pytest
 from llmtrain.api.validation import parse_job
 from llmtrain.render import render
 
-from tests.cluster.conftest import (
+from tests.support.cluster.cluster import Cluster
+from tests.support.cluster.fault_proxy import FaultProxy
+from tests.support.cluster.steps import (
     CHART,
     PLATFORM_NAMESPACE,
     RELEASE,
@@ -37,8 +39,6 @@ from tests.cluster.conftest import (
     wait_for,
     wait_phase,
 )
-from tests.support.cluster.cluster import Cluster
-from tests.support.cluster.fault_proxy import FaultProxy
 from tests.support.jobs import minimal_job
 
 CHILDREN = ["serviceaccount", "role", "rolebinding", "persistentvolumeclaim", "configmap", "rayjob"]

@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cluster.conftest import (
+from tests.support.cluster import audit
+from tests.support.cluster.cluster import REPO_ROOT, Cluster
+from tests.support.cluster.steps import (
     CHART,
     PLATFORM_NAMESPACE,
     RELEASE,
@@ -27,8 +29,6 @@ from tests.cluster.conftest import (
     wait_for,
     wait_phase,
 )
-from tests.support.cluster import audit
-from tests.support.cluster.cluster import REPO_ROOT, Cluster
 
 CRD = "llmtrainingjobs.llmtrain.dev"
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import OperatorProcess, apply_doc, cpu_job, job_status, table, wait_phase
 from tests.support.cluster.cluster import Cluster
+from tests.support.cluster.steps import OperatorProcess, apply_doc, cpu_job, job_status, table, wait_phase
 
 COLUMNS = ["NAME", "PHASE", "STRATEGY", "WORKERS", "GPUS", "PROGRESS", "LOSS", "AGE"]
 WIDE_COLUMNS = [*COLUMNS, "METHOD", "MODEL", "TOKENS/S", "ETA(S)", "RAYJOB", "MESSAGE"]

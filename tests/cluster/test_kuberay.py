@@ -21,7 +21,9 @@ from typing import Any
 import pytest
 from llmtrain.render.rayjob import SUBMITTER_BACKOFF_LIMIT
 
-from tests.cluster.conftest import (
+from tests.support.cluster import nodes
+from tests.support.cluster.cluster import REPO_ROOT, Cluster
+from tests.support.cluster.steps import (
     OperatorProcess,
     Watch,
     apply_doc,
@@ -34,8 +36,6 @@ from tests.cluster.conftest import (
     wait_for,
     wait_phase,
 )
-from tests.support.cluster import nodes
-from tests.support.cluster.cluster import REPO_ROOT, Cluster
 from tests.support.jobs import load_example, with_path
 
 TINY = "tiny-cpu"

@@ -18,7 +18,10 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import (
+from tests.support.cluster import nodes
+from tests.support.cluster.cluster import Cluster
+from tests.support.cluster.kueue import kueue_queue_objects
+from tests.support.cluster.steps import (
     OperatorProcess,
     Watch,
     apply_doc,
@@ -28,9 +31,6 @@ from tests.cluster.conftest import (
     wait_for,
     wait_phase,
 )
-from tests.support.cluster import nodes
-from tests.support.cluster.cluster import Cluster
-from tests.support.cluster.kueue import kueue_queue_objects
 from tests.support.jobs import load_example
 
 LOCAL_QUEUE = "gpu-queue"

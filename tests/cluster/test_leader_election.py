@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from llmtrain.operator.election import LOST_EXIT_CODE
 
-from tests.cluster.conftest import (
+from tests.support.cluster.cluster import Cluster
+from tests.support.cluster.steps import (
     PLATFORM_NAMESPACE,
     OperatorProcess,
     apply_doc,
@@ -27,7 +28,6 @@ from tests.cluster.conftest import (
     wait_for,
     wait_phase,
 )
-from tests.support.cluster.cluster import Cluster
 
 LEASE_SECONDS = 10  # renew deadline 6 s, retry 1 s (client-go's proportions)
 

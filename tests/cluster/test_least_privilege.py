@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 from llmtrain.operator.permissions import OPERATOR_PERMISSIONS
 
-from tests.cluster.conftest import (
+from tests.support.cluster import audit
+from tests.support.cluster.cluster import Cluster
+from tests.support.cluster.kueue import kueue_queue_objects
+from tests.support.cluster.steps import (
     OperatorProcess,
     apply_doc,
     assert_only_declared_calls,
@@ -23,9 +26,6 @@ from tests.cluster.conftest import (
     wait_for,
     wait_phase,
 )
-from tests.support.cluster import audit
-from tests.support.cluster.cluster import Cluster
-from tests.support.cluster.kueue import kueue_queue_objects
 
 # Declared for clusters and Kopf versions that post Events through events.k8s.io; Kopf 1.45 posts
 # them through core/v1.

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.conftest import (
+from tests.support.cluster.cluster import Cluster
+from tests.support.cluster.steps import (
     OperatorProcess,
     apply_doc,
     cpu_job,
@@ -22,7 +23,6 @@ from tests.cluster.conftest import (
     wait_for,
     wait_phase,
 )
-from tests.support.cluster.cluster import Cluster
 
 IMAGE = "registry.example/trainer:9"
 

@@ -16,7 +16,8 @@ from llmtrain.render.names import trainer_account_name
 from llmtrain_trainer.kube_progress import ApiTarget, KubernetesProgressSink
 from llmtrain_trainer.metrics import MetricsRecord
 
-from tests.cluster.conftest import (
+from tests.support.cluster.cluster import Cluster
+from tests.support.cluster.steps import (
     OperatorProcess,
     apply_doc,
     cpu_job,
@@ -27,7 +28,6 @@ from tests.cluster.conftest import (
     wait_for,
     wait_phase,
 )
-from tests.support.cluster.cluster import Cluster
 
 JOBS = "/apis/llmtrain.dev/v1alpha1/namespaces/{namespace}/llmtrainingjobs/{name}"
 

@@ -39,7 +39,11 @@ from llmtrain_trainer.kube_progress import (
 )
 from llmtrain_trainer.metrics import Event, MetricsRecord
 
-from tests.cluster.conftest import (
+from tests.cluster.test_progress_rbac import trainer_token
+from tests.support.cluster import processes
+from tests.support.cluster.cluster import REPO_ROOT, Cluster
+from tests.support.cluster.fault_proxy import FaultProxy, Seen
+from tests.support.cluster.steps import (
     OperatorProcess,
     Watch,
     apply_doc,
@@ -49,10 +53,6 @@ from tests.cluster.conftest import (
     table,
     wait_for,
 )
-from tests.cluster.test_progress_rbac import trainer_token
-from tests.support.cluster import processes
-from tests.support.cluster.cluster import REPO_ROOT, Cluster
-from tests.support.cluster.fault_proxy import FaultProxy, Seen
 from tests.support.jobs import load_example
 
 STATUS = "llmtrainingjobs/status"

@@ -15,7 +15,8 @@ import pytest
 from llmtrain.api.validation import parse_job
 from llmtrain.render import render
 
-from tests.cluster.conftest import (
+from tests.support.cluster.cluster import Cluster
+from tests.support.cluster.steps import (
     RESYNC_SECONDS,
     OperatorProcess,
     apply_doc,
@@ -28,7 +29,6 @@ from tests.cluster.conftest import (
     wait_for,
     wait_phase,
 )
-from tests.support.cluster.cluster import Cluster
 from tests.support.jobs import with_path
 from tests.unit.test_bad_specs import BAD
 

@@ -443,3 +443,20 @@ def test_immutable_fields_and_mutable_ones() -> None:
         assert "x-kubernetes-validations" not in policy[mutable]
     for frozen in ("maxRetries", "maxWorkerFailures", "queueName"):
         assert policy[frozen]["x-kubernetes-validations"][0]["rule"] == SELF_EQ
+
+
+def test_the_hybrid_shard_rule_counts_the_training_processes_as_the_spec_does() -> None:
+    """CEL spells the count in its own text; it must be ResourcesSpec.processes, which render, the
+    memory estimate and `llmtrain run` use."""
+    from llmtrain.api.spec import ResourcesSpec
+
+    rule = _rule("strategy.fsdp.hybridShardSize must divide the training processes")
+    for workers in (1, 2, 3, 5):
+        for gpus in (0, 1, 2, 8):
+            resources = ResourcesSpec(workers=workers, gpus_per_worker=gpus)
+            for shard in range(1, 41):
+                spec = {
+                    "strategy": {"fsdp": {"hybridShardSize": shard}},
+                    "resources": {"workers": workers, "gpusPerWorker": gpus},
+                }
+                assert evaluate_rule(rule, spec) == (resources.processes % shard == 0), (workers, gpus, shard)

@@ -208,6 +208,23 @@ def test_plan_of_a_spec_is_total_over_resources() -> None:
     assert plan.devices == spec.resources.workers and not plan.on_gpu
 
 
+def test_a_plan_counts_the_specs_training_processes() -> None:
+    """Plan.devices is ResourcesSpec.processes, from the spec or from the rendered config alike."""
+    from llmtrain.render.trainer_config import cluster_trainer_config
+
+    for workers, gpus in ((3, 4), (5, 0)):
+        doc = example("llama3-8b-fsdp.yaml")
+        doc["spec"]["resources"].update(workers=workers, gpusPerWorker=gpus)
+        if gpus == 0:
+            doc["spec"]["training"].pop("precision", None)
+            doc["spec"]["strategy"] = {"type": "ddp"}
+        job = parse_job({**doc, "metadata": {"name": "j", "namespace": "n", "uid": "u"}})
+        plan = memory.Plan.of_job(job.spec)
+        assert (plan.devices, plan.workers) == (job.spec.resources.processes, workers)
+        assert memory.Plan.of_trainer(cluster_trainer_config(job)) == plan
+        assert plan.with_workers(7).devices == 7 * job.spec.resources.processes_per_worker
+
+
 @pytest.mark.parametrize(
     ("precision", "gpus", "compute_bytes"),
     [("bf16", 8, 2), ("fp16", 8, 2), ("fp32", 8, 4), ("bf16", 0, 4), ("fp32", 0, 4)],

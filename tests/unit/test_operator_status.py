@@ -15,39 +15,98 @@ from llmtrain.operator.status import (
 
 
 @pytest.mark.parametrize(
-    ("status", "phase", "reason"),
+    ("status", "phase", "reason", "message"),
     [
-        (None, "Pending", "RayJobCreated"),
-        ({"jobDeploymentStatus": "Initializing"}, "Initializing", "RayClusterStarting"),
-        ({"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}, "Running", "Training"),
-        ({"jobDeploymentStatus": "Retrying", "failed": 1}, "Initializing", "Retrying"),
-        ({"jobDeploymentStatus": "Suspending"}, "Suspended", "Suspending"),
-        ({"jobDeploymentStatus": "Suspended"}, "Suspended", "Suspended"),
-        ({"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}, "Succeeded", "Completed"),
-        ({"jobDeploymentStatus": "Complete", "jobStatus": "STOPPED"}, "Failed", "Stopped"),
+        (None, "Pending", "RayJobCreated", "RayJob created; waiting for KubeRay"),
+        (
+            {"jobDeploymentStatus": "Initializing"},
+            "Initializing",
+            "RayClusterStarting",
+            "Ray cluster is starting",
+        ),
+        (
+            {"jobDeploymentStatus": "Waiting"},
+            "Initializing",
+            "WaitingForSubmission",
+            "waiting for the job submission",
+        ),
+        ({"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}, "Running", "Training", "training"),
+        (
+            {"jobDeploymentStatus": "Retrying", "failed": 1},
+            "Initializing",
+            "Retrying",
+            "retrying on a new Ray cluster; training resumes from the latest checkpoint",
+        ),
+        (
+            {"jobDeploymentStatus": "Suspending"},
+            "Suspended",
+            "Suspending",
+            "suspending: the Ray cluster is being deleted, checkpoints are kept",
+        ),
+        (
+            {"jobDeploymentStatus": "Suspended"},
+            "Suspended",
+            "Suspended",
+            "suspended; set spec.runPolicy.suspend to false to resume from the latest checkpoint",
+        ),
+        (
+            {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"},
+            "Succeeded",
+            "Completed",
+            "training finished",
+        ),
+        (
+            {"jobDeploymentStatus": "Complete", "jobStatus": "STOPPED"},
+            "Failed",
+            "Stopped",
+            "the Ray job was stopped before it finished",
+        ),
         (
             {"jobDeploymentStatus": "Failed", "reason": "AppFailed", "jobStatus": "FAILED"},
             "Failed",
             "AppFailed",
+            "the training application failed",
         ),
-        ({"jobDeploymentStatus": "Failed", "reason": "DeadlineExceeded"}, "Failed", "DeadlineExceeded"),
+        (
+            {"jobDeploymentStatus": "Failed", "reason": "DeadlineExceeded"},
+            "Failed",
+            "DeadlineExceeded",
+            "spec.runPolicy.activeDeadlineSeconds exceeded",
+        ),
+        (
+            {"jobDeploymentStatus": "Failed", "reason": "PreRunningDeadlineExceeded"},
+            "Failed",
+            "PreRunningDeadlineExceeded",
+            "the Ray cluster did not start in time",
+        ),
+        (
+            {"jobDeploymentStatus": "Failed", "reason": "SubmissionFailed"},
+            "Failed",
+            "SubmissionFailed",
+            "the job could not be submitted to the Ray cluster",
+        ),
         (
             {"jobDeploymentStatus": "ValidationFailed", "reason": "ValidationFailed"},
             "Failed",
             "ValidationFailed",
+            "KubeRay rejected the rendered RayJob",
         ),
         # kuberay#2314: jobStatus RUNNING beside a failed deployment: the deployment wins.
         (
             {"jobDeploymentStatus": "Failed", "reason": "DeadlineExceeded", "jobStatus": "RUNNING"},
             "Failed",
             "DeadlineExceeded",
+            "spec.runPolicy.activeDeadlineSeconds exceeded",
         ),
+        # A state this operator does not know yet: Pending, and the reason names it.
+        ({"jobDeploymentStatus": "Hibernating"}, "Pending", "UnknownHibernating", "UnknownHibernating"),
     ],
 )
-def test_phase_from_deployment_status_and_reason(status: dict | None, phase: str, reason: str) -> None:
+def test_phase_from_deployment_status_and_reason(
+    status: dict | None, phase: str, reason: str, message: str
+) -> None:
     observed = observe(status)
-    assert (observed.phase, observed.reason) == (phase, reason)
-    assert observed.message
+    assert (observed.phase, observed.reason, observed.message) == (phase, reason, message)
 
 
 def test_failure_message_carries_kuberay_detail() -> None:
@@ -220,8 +279,11 @@ def test_a_user_suspend_of_a_queued_rayjob_marks_it_and_leaves_suspend_and_queue
 
 def test_a_queued_job_its_user_suspended_says_so_and_names_its_queue() -> None:
     held = observe({"jobDeploymentStatus": "Suspended"}, queue="gpu-team", suspended_by_user=True)
-    assert held.phase == "Suspended"
-    assert held.message.startswith("suspended (runPolicy.suspend)") and "'gpu-team'" in held.message
+    assert (held.phase, held.reason) == ("Suspended", "Suspended")
+    assert held.message == (
+        "suspended (runPolicy.suspend): its Kueue Workload is deactivated and holds no quota in "
+        "LocalQueue 'gpu-team'; set runPolicy.suspend to false to queue it again"
+    )
 
 
 def test_root_cause_only_added_on_failure() -> None:
@@ -278,7 +340,10 @@ def test_a_suspended_queued_rayjob_is_queued_not_suspended() -> None:
     """Kueue owns a queued RayJob's suspend: it waits for admission, the user did nothing."""
     queued = observe({"jobDeploymentStatus": "Suspended"}, queue="gpu-team")
     assert (queued.phase, queued.reason) == ("Pending", "Queued")
-    assert "'gpu-team'" in queued.message and "runPolicy.suspend" not in queued.message
+    assert queued.message == (
+        "queued in Kueue LocalQueue 'gpu-team': waiting for quota to admit it (a preempted job waits "
+        "here too, and resumes from its latest checkpoint)"
+    )
     running = observe({"jobDeploymentStatus": "Running"}, queue="gpu-team")
     assert running.phase == "Running"
 
@@ -286,7 +351,10 @@ def test_a_suspended_queued_rayjob_is_queued_not_suspended() -> None:
 def test_a_retry_keeps_the_cause_kuberay_reported() -> None:
     retry = observe({"jobDeploymentStatus": "Retrying", "message": "submitter exited with code 1"})
     assert retry.phase == "Initializing"
-    assert retry.message.endswith("(after: submitter exited with code 1)")
+    assert retry.message == (
+        "retrying on a new Ray cluster; training resumes from the latest checkpoint "
+        "(after: submitter exited with code 1)"
+    )
 
 
 def test_derive_reads_the_queue_from_the_rayjob_and_the_root_cause_from_progress() -> None:
@@ -342,6 +410,7 @@ def test_a_resume_or_retry_does_not_flash_back_to_created() -> None:
     for before in ("Suspended", "Running", "Initializing"):
         update, observed = derive(new, {"phase": before}, 2, "t")
         assert (update["phase"], observed.reason) == ("Initializing", "Resuming"), before
+        assert update["message"] == "starting a new Ray cluster; training resumes from the latest checkpoint"
     update, observed = derive(new, {"phase": "Pending"}, 1, "t")
     assert (update["phase"], observed.reason) == ("Pending", "RayJobCreated")
 
@@ -350,7 +419,7 @@ def test_one_jobs_conflict_does_not_end_the_resync_pass(monkeypatch: pytest.Monk
     """The resync loop goes on to the next job when one job's RayJob cannot be created again."""
     import logging
 
-    from llmtrain.operator import handlers
+    from llmtrain.operator import mirror
     from llmtrain.operator.children import OwnershipConflict
     from llmtrain.operator.config import OperatorConfig
 
@@ -362,16 +431,16 @@ def test_one_jobs_conflict_does_not_end_the_resync_pass(monkeypatch: pytest.Monk
 
     class Kube:
         def list_all(self, resource: object, namespace: object, label_selector: object = None) -> list:
-            return [job("a"), job("b")] if resource is handlers.JOB_RESOURCE else [rayjob_b]
+            return [job("a"), job("b")] if resource is mirror.JOB_RESOURCE else [rayjob_b]
 
     def gone(*args: object) -> None:
         raise OwnershipConflict("a's RayJob name is taken")
 
     mirrored: list[str] = []
-    monkeypatch.setattr(handlers, "_rayjob_gone", gone)
-    monkeypatch.setattr(handlers, "_owner_ref", lambda rayjob: {"uid": "u-b"})
-    monkeypatch.setattr(handlers, "_mirror", lambda kube, j, r: mirrored.append(j["metadata"]["name"]))
-    handlers.resync_all(Kube(), OperatorConfig(), logging.getLogger("test"))  # type: ignore[arg-type]
+    monkeypatch.setattr(mirror, "rayjob_gone", gone)
+    monkeypatch.setattr(mirror, "owner_ref", lambda rayjob: {"uid": "u-b"})
+    monkeypatch.setattr(mirror, "report", lambda kube, j, r, outcome: mirrored.append(j["metadata"]["name"]))
+    mirror.resync_all(Kube(), OperatorConfig(), logging.getLogger("test"))  # type: ignore[arg-type]
     assert mirrored == ["b"]
 
 
@@ -379,7 +448,7 @@ def test_the_resync_pass_takes_jobs_no_longer_listed_off_the_gauge(monkeypatch: 
     """A job whose DELETED event was missed leaves the gauge at the next pass; listed ones stay."""
     import logging
 
-    from llmtrain.operator import handlers, metrics
+    from llmtrain.operator import metrics, mirror
     from llmtrain.operator.config import OperatorConfig
 
     book = metrics.PhaseBook()
@@ -389,10 +458,10 @@ def test_the_resync_pass_takes_jobs_no_longer_listed_off_the_gauge(monkeypatch: 
 
     class Kube:
         def list_all(self, resource: object, namespace: object, label_selector: object = None) -> list:
-            return [kept] if resource is handlers.JOB_RESOURCE else []
+            return [kept] if resource is mirror.JOB_RESOURCE else []
 
-    monkeypatch.setattr(handlers, "PHASE_BOOK", book)
-    handlers.resync_all(Kube(), OperatorConfig(), logging.getLogger("test"))  # type: ignore[arg-type]
+    monkeypatch.setattr(mirror, "PHASE_BOOK", book)
+    mirror.resync_all(Kube(), OperatorConfig(), logging.getLogger("test"))  # type: ignore[arg-type]
     assert book.keys() == {"n/kept"}
     assert metrics.JOBS.labels(phase="Running")._value.get() == 0
     assert metrics.JOBS.labels(phase="Succeeded")._value.get() == 1

@@ -5,15 +5,16 @@ from __future__ import annotations
 import copy
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 from llmtrain.api.job import LLMTrainingJob
 from llmtrain.api.trainer_config import TrainerConfig
 from llmtrain.api.validation import parse_job
-from llmtrain.constants import CONFIG_FILENAME
+from llmtrain.constants import CONFIG_FILENAME, MAX_NAME_LENGTH
 from llmtrain.render import ImageSettings, render
-from llmtrain.render.names import MAX_CHILD_NAME, child_name
+from llmtrain.render.names import child_name
 from llmtrain.render.network import PROFILES
 from llmtrain.render.rayjob import CONTAINER_SECURITY_CONTEXT
 from llmtrain.render.trainer_config import cluster_trainer_config
@@ -331,7 +332,7 @@ def test_labels_names_and_owner_references() -> None:
         assert labels["app.kubernetes.io/component"]
         assert labels["llmtrain.dev/job"] == "llama"
         name = obj["metadata"]["name"]
-        assert len(name) <= MAX_CHILD_NAME and DNS1035.match(name), name
+        assert len(name) <= MAX_NAME_LENGTH and DNS1035.match(name), name
         assert obj["metadata"]["namespace"] == "team-a"
         (owner,) = obj["metadata"]["ownerReferences"]
         assert owner == {
@@ -512,3 +513,27 @@ def test_the_trainer_config_carries_the_network_for_the_start_up_check() -> None
     config = cluster_trainer_config(_job(doc))
     assert config.network.nccl_profile == "efa"
     assert config.network.fabric is not None and config.network.fabric.on_socket_fallback == "warn"
+
+
+@pytest.mark.parametrize(
+    ("workers", "gpus", "processes", "per_pod"), [(4, 8, 32, 8), (3, 0, 3, 1), (2, 1, 2, 1)]
+)
+def test_every_run_takes_the_specs_count_of_training_processes(
+    tmp_path: Path, workers: int, gpus: int, processes: int, per_pod: int
+) -> None:
+    """ResourcesSpec.processes is the one count: the cluster's, a local GPU run's, and on the CPU
+    (a local run without --gpu) one process per worker pod."""
+    from llmtrain.render.trainer_config import local_trainer_config
+
+    job = _job(_gpu_job(resources={"workers": workers, "gpusPerWorker": gpus}, network={}))
+    assert (job.spec.resources.processes, job.spec.resources.processes_per_worker) == (processes, per_pod)
+    scaling = cluster_trainer_config(job).scaling
+    assert (scaling.num_workers, scaling.devices_per_worker, scaling.use_gpu) == (
+        processes,
+        per_pod,
+        gpus > 0,
+    )
+    local = local_trainer_config(job, tmp_path, tmp_path, use_gpu=True).scaling
+    assert (local.num_workers, local.devices_per_worker) == (processes, per_pod)
+    on_cpu = local_trainer_config(job, tmp_path, tmp_path, use_gpu=False).scaling
+    assert (on_cpu.num_workers, on_cpu.devices_per_worker, on_cpu.use_gpu) == (workers, 1, False)

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmtrain.constants import GROUP_VERSION, PLURAL
+from llmtrain.api.status import ERROR_MAX_LENGTH, CheckpointRef, Progress
+from llmtrain.constants import GROUP_VERSION, PLURAL, PROGRESS_INTERVAL_SECONDS, RFC3339_FORMAT
 
 from llmtrain_trainer.metrics import MetricsRecord
 
@@ -68,35 +69,34 @@ class ApiTarget:
 
 
 def _rfc3339(ts: float) -> str:
-    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime(RFC3339_FORMAT)
 
 
 def progress_fields(state: dict[str, Any], record: MetricsRecord) -> dict[str, Any]:
-    """Fold one record into the progress block (camelCase, the CRD's status.progress)."""
-    out = dict(state)
-    out["step"] = record.step
-    out["totalSteps"] = record.total_steps
-    out["summary"] = f"{record.step}/{record.total_steps}"
-    for attr, key in (
-        ("epoch", "epoch"),
-        ("loss", "loss"),
-        ("learning_rate", "learningRate"),
-        ("tokens_per_second", "tokensPerSecond"),
-        ("mfu", "mfu"),
-    ):
-        value = getattr(record, attr)
+    """Fold one record into the progress block: the CRD's status.progress, built with its model
+    (`llmtrain.api.status.Progress`), so the operator's schema and this writer cannot drift."""
+    changes: dict[str, Any] = {
+        "step": record.step,
+        "total_steps": record.total_steps,
+        "summary": f"{record.step}/{record.total_steps}",
+        "updated_at": _rfc3339(record.time),
+    }
+    for name in ("epoch", "loss", "learning_rate", "tokens_per_second", "mfu"):
+        value = getattr(record, name)
         if value is not None:
-            out[key] = round(float(value), 6)
+            changes[name] = round(float(value), 6)
     if record.eta_seconds is not None:
-        out["etaSeconds"] = max(0, int(record.eta_seconds))
+        changes["eta_seconds"] = max(0, int(record.eta_seconds))
     if record.event == "checkpoint" and record.path:
-        out["lastCheckpoint"] = {"path": record.path, "step": record.step}
-        if record.checkpoint_seconds is not None:
-            out["lastCheckpoint"]["seconds"] = round(record.checkpoint_seconds, 3)
+        seconds = record.checkpoint_seconds
+        changes["last_checkpoint"] = (
+            CheckpointRef(path=record.path, step=record.step)
+            if seconds is None
+            else CheckpointRef(path=record.path, step=record.step, seconds=round(seconds, 3))
+        )
     if record.event == "finished":
-        out["etaSeconds"] = 0
-    out["updatedAt"] = _rfc3339(record.time)
-    return out
+        changes["eta_seconds"] = 0
+    return Progress.model_validate(state).model_copy(update=changes).to_patch()
 
 
 class KubernetesProgressSink:
@@ -107,7 +107,7 @@ class KubernetesProgressSink:
         target: ApiTarget,
         namespace: str,
         name: str,
-        interval: float = 15.0,
+        interval: float = PROGRESS_INTERVAL_SECONDS,
         timeout: float = 10.0,
         max_backoff: float = 60.0,
     ) -> None:
@@ -141,8 +141,9 @@ class KubernetesProgressSink:
         """The root cause of a failed run (e.g. 'OutOfMemoryError on rank 3: ...') or of a stall,
         sent at once; None clears it (a merge patch deletes a null field)."""
         with self._cond:
-            error = None if message is None else message[:4096]
-            self._state = {**self._state, "error": error, "updatedAt": _rfc3339(time.time())}
+            error = None if message is None else message[:ERROR_MAX_LENGTH]
+            changes = {"error": error, "updated_at": _rfc3339(time.time())}
+            self._state = Progress.model_validate(self._state).model_copy(update=changes).to_patch()
             self._version += 1
             self._urgent = True
             self._cond.notify()

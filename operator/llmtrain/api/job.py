@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from llmtrain.api.base import ApiModel, cel
-from llmtrain.api.spec import MAX_NAME_LENGTH, LLMTrainingJobSpec
+from llmtrain.api.spec import LLMTrainingJobSpec
 from llmtrain.api.status import LLMTrainingJobStatus
-from llmtrain.constants import GROUP_VERSION, KIND
+from llmtrain.constants import GROUP_VERSION, KIND, MAX_NAME_LENGTH
 
 # pydantic (and so the CRD and `llmtrain validate`) sees Literal[<the constant>]; mypy accepts no
 # name inside Literal, so it sees str.

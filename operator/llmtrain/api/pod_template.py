@@ -14,11 +14,11 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field
 
 from llmtrain.api.base import DNS1123_SUBDOMAIN, LABEL_VALUE, ApiModel, cel, metadata_keys_rule
-from llmtrain.constants import API_GROUP, CONFIG_DIR
+from llmtrain.constants import API_GROUP, CONFIG_DIR, RAY_API_GROUP
 
 DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # The pods' own labels: the job and role labels the operator selects on, and KubeRay's.
-RESERVED_LABEL_PREFIXES = (f"{API_GROUP}/", "ray.io/")
+RESERVED_LABEL_PREFIXES = (f"{API_GROUP}/", f"{RAY_API_GROUP}/")
 # Volumes the platform mounts (render/rayjob.py) and the one KubeRay adds for Ray's auth token.
 RESERVED_VOLUMES = ("shared-storage", "trainer-config", "dshm", "ray-token")
 RESERVED_MOUNT_PATHS = ("/dev/shm", CONFIG_DIR)

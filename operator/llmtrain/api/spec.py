@@ -31,9 +31,6 @@ from llmtrain.api.trainer_spec import HF_SEED_UNSUPPORTED, TrainerSpec
 from llmtrain.constants import CONFIG_DIR, DEFAULT_MOUNT_PATH
 from llmtrain.quantity import parse_quantity
 
-# KubeRay derives pod and service names from the RayJob name and caps it at 47 characters.
-MAX_NAME_LENGTH = 47
-
 Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=64)]
 ShortString = Annotated[str, Field(min_length=1, max_length=253)]
 
@@ -525,6 +522,18 @@ class ResourcesSpec(ApiModel):
         description="Trainer image override ([registry/]path[:tag][@digest]); defaults to the operator's "
         "configured image.",
     )
+
+    @property
+    def processes_per_worker(self) -> int:
+        """Training processes in one worker pod: one per GPU; a CPU pod runs one on all its cores."""
+        return max(self.gpus_per_worker, 1)
+
+    @property
+    def processes(self) -> int:
+        """The job's training processes (Ray Train's workers, the world size). The one formula: render,
+        the memory estimate and `llmtrain run` read it here; the hybridShardSize CEL rule spells the
+        same count in CEL (tests/unit/test_cel_rules.py pins that the two agree)."""
+        return self.workers * self.processes_per_worker
 
 
 AccessMode = Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod", "ReadOnlyMany"]

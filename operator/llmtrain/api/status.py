@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -38,8 +38,13 @@ class CheckpointRef(ApiModel):
     )
 
 
+# The longest root cause the trainer reports (status.progress.error).
+ERROR_MAX_LENGTH = 4096
+
+
 class Progress(ApiModel):
-    """Live training figures, patched by the trainer's rank 0 through the status subresource."""
+    """Live training figures, patched by the trainer's rank 0 through the status subresource
+    (`llmtrain_trainer.kube_progress` builds them with this model, so the wire form is this one)."""
 
     step: int | None = Field(default=None, ge=0, description="Optimizer steps done.")
     total_steps: int | None = Field(default=None, ge=0, description="Optimizer steps planned.")
@@ -57,10 +62,16 @@ class Progress(ApiModel):
     last_checkpoint: CheckpointRef | None = Field(default=None, description="Latest checkpoint.")
     error: str | None = Field(
         default=None,
-        max_length=4096,
+        max_length=ERROR_MAX_LENGTH,
         description="Root cause reported by the trainer, e.g. rank and error class.",
     )
     updated_at: str | None = Field(default=None, description="When the trainer last reported (RFC 3339).")
+
+    def to_patch(self) -> dict[str, Any]:
+        """status.progress as a merge patch: camelCase, with the fields never set left out and a field
+        set to None kept as null, which deletes it (a cleared root cause must reach the server)."""
+        data: dict[str, Any] = self.model_dump(by_alias=True, exclude_unset=True, mode="json")
+        return data
 
 
 class LLMTrainingJobStatus(ApiModel):

@@ -22,7 +22,7 @@ from llmtrain.api.spec import (
     TrainingSpec,
 )
 from llmtrain.api.trainer_spec import TrainerSpec
-from llmtrain.constants import EXPORT_DIR
+from llmtrain.constants import EXPORT_DIR, PROGRESS_INTERVAL_SECONDS
 
 
 class JobRef(ApiModel):
@@ -51,7 +51,7 @@ class ProgressSpec(ApiModel):
     """Where rank 0 reports live progress; disabled outside a cluster."""
 
     report_to_kubernetes: bool = False
-    interval_seconds: float = Field(default=15.0, gt=0)
+    interval_seconds: float = Field(default=PROGRESS_INTERVAL_SECONDS, gt=0)
 
 
 class ResumeSource(ApiModel):

@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -28,25 +25,10 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.leaderelection import electionconfig, leaderelection
 from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
 
+from llmtrain.operator.config import Election
+
 LOG = logging.getLogger("llmtrain.election")
 LOST_EXIT_CODE = 3
-
-
-@dataclass(frozen=True)
-class Election:
-    """Where the Lease lives and its timing (client-go's defaults: 15 s, 10 s, 2 s)."""
-
-    lease_name: str
-    lease_namespace: str
-    identity: str = ""
-    lease_seconds: int = 15
-    renew_deadline_seconds: int = 10
-    retry_seconds: int = 2
-
-    def holder(self) -> str:
-        """Unique per process: the pod name (hostname) plus a random suffix, so a restarted
-        container never mistakes its predecessor's lease for its own."""
-        return self.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
 
 
 class _Standby:

@@ -15,7 +15,18 @@ import urllib3
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from llmtrain.constants import API_GROUP, API_VERSION, GROUP_VERSION, KIND, PLURAL
+from llmtrain.constants import (
+    API_GROUP,
+    API_VERSION,
+    GROUP_VERSION,
+    KIND,
+    PLURAL,
+    RAY_API_GROUP,
+    RAY_API_VERSION,
+    RAY_GROUP_VERSION,
+    RAYJOB_KIND,
+    RAYJOB_PLURAL,
+)
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -47,7 +58,7 @@ RESOURCES: dict[tuple[str, str], Resource] = {
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): Resource(
         "rbac.authorization.k8s.io", "v1", "rolebindings"
     ),
-    ("ray.io/v1", "RayJob"): Resource("ray.io", "v1", "rayjobs"),
+    (RAY_GROUP_VERSION, RAYJOB_KIND): Resource(RAY_API_GROUP, RAY_API_VERSION, RAYJOB_PLURAL),
     (GROUP_VERSION, KIND): Resource(API_GROUP, API_VERSION, PLURAL),
 }
 

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmtrain.constants import API_GROUP, PLURAL
+from llmtrain.constants import (
+    API_GROUP,
+    KUEUE_GROUP,
+    KUEUE_WORKLOAD_PLURAL,
+    PLURAL,
+    RAY_API_GROUP,
+    RAYJOB_PLURAL,
+)
 
 
 @dataclass(frozen=True)
@@ -39,7 +46,7 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
     Permission(API_GROUP, f"{PLURAL}/status", ("patch",)),
     Permission(API_GROUP, f"{PLURAL}/finalizers", (), admission_only=("update",)),
     # The RayJob: created, adopted, kept in sync (suspend, deadlines), watched for status.
-    Permission("ray.io", "rayjobs", ("get", "list", "watch", "create", "patch"), ADOPT),
+    Permission(RAY_API_GROUP, RAYJOB_PLURAL, ("get", "list", "watch", "create", "patch"), ADOPT),
     # Children rendered per job: created, or adopted (owner reference patched in) and re-synced.
     Permission("", "configmaps", ("get", "create", "patch"), ADOPT),
     Permission("", "persistentvolumeclaims", ("get", "create", "patch"), ADOPT),
@@ -47,7 +54,7 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
     Permission("rbac.authorization.k8s.io", "roles", ("get", "create", "patch"), ADOPT),
     Permission("rbac.authorization.k8s.io", "rolebindings", ("get", "create", "patch"), ADOPT),
     # A queued job's runPolicy.suspend: its Kueue Workload (de)activated, found by the RayJob's uid.
-    Permission("kueue.x-k8s.io", "workloads", ("list", "patch")),
+    Permission(KUEUE_GROUP, KUEUE_WORKLOAD_PLURAL, ("list", "patch")),
     # Kubernetes Events on phase transitions and errors.
     Permission("", "events", ("create",)),
     Permission("events.k8s.io", "events", ("create",)),

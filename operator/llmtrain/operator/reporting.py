@@ -1,9 +1,10 @@
 """The one writer of the operator's part of a job's status, and of its Events.
 
 Every path (the reconciler's first write, the RayJob mirror, the periodic resync, refusals and
-permanent failures) derives a status update and hands it here: written only if it changes
-something, through the status subresource (never `spec`, never the trainer's `progress`), with the
-phase recorded for the `llmtrain_jobs` gauge and an Event when the phase changes.
+permanent failures) hands `report` what it found; `status.operator_status` computes the update and
+it is written here: only if it changes something, through the status subresource (never `spec`,
+never the trainer's `progress`), with the phase recorded for the `llmtrain_jobs` gauge and an Event
+when the report asks for one.
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ import datetime
 import logging
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from llmtrain.constants import GROUP_VERSION, KIND, OPERATOR_NAME
+from llmtrain.constants import GROUP_VERSION, KIND, OPERATOR_NAME, RFC3339_FORMAT
 from llmtrain.operator.kube import RESOURCES, ApiError, Kube
 from llmtrain.operator.metrics import PHASE_BOOK
+from llmtrain.operator.status import Announcement, Outcome, Report, operator_status
 
 JOB_RESOURCE = RESOURCES[(GROUP_VERSION, KIND)]
 COMPONENT = OPERATOR_NAME
@@ -25,17 +26,8 @@ INSTANCE = socket.gethostname()  # the pod's name in a cluster
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Announcement:
-    """An Event to post on the job: `type` Normal or Warning, a CamelCase reason, a message."""
-
-    type: str
-    reason: str
-    message: str
-
-
 def now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.UTC).strftime(RFC3339_FORMAT)
 
 
 def job_key(meta: Mapping[str, Any]) -> str:
@@ -75,22 +67,36 @@ def announce(kube: Kube, job: Mapping[str, Any], event: Announcement) -> None:
         log.warning(f"cannot post Event {event.reason} on {job_key(meta)}: {err}")
 
 
-def write_status(
+def report(
     kube: Kube,
     job: Mapping[str, Any],
-    update: dict[str, Any],
+    rayjob: Mapping[str, Any] | None,
+    outcome: Outcome,
     *,
-    event: Announcement | None = None,
-    always_announce: bool = False,
     precondition: bool = False,
-) -> bool:
-    """Merge `update` into `job`'s status (as read by the caller); True when it was written.
+) -> Report:
+    """Write the status `outcome` gives `job` (as the caller read it), and post its Event.
 
-    `event` is posted when the phase changes (or always, with `always_announce`). `precondition`
-    makes the write conditional on the job being unchanged since it was read: a 409 then means
-    someone (the mirror) wrote first, and the caller re-reads. A job deleted meanwhile is not an
-    error (False); any other failure raises ApiError for the caller to retry.
+    `precondition` makes the write conditional on the job being unchanged since it was read: a 409
+    then means someone (the mirror) wrote first, and the caller re-reads. A job deleted meanwhile is
+    not an error; any other failure raises ApiError for the caller to retry.
     """
+    said = operator_status(job, rayjob, outcome, now())
+    written = _write(kube, job, said.update, precondition)
+    phase = said.update.get("phase")
+    if said.event is not None and (
+        said.announce == "always"
+        or (
+            written
+            and (said.announce == "write" or (phase and phase != (job.get("status") or {}).get("phase")))
+        )
+    ):
+        announce(kube, job, said.event)
+    return said
+
+
+def _write(kube: Kube, job: Mapping[str, Any], update: dict[str, Any], precondition: bool) -> bool:
+    """Merge `update` into the job's status; True when it was written (changed, and the job is there)."""
     meta = job["metadata"]
     current = job.get("status") or {}
     if all(current.get(key) == value for key, value in update.items()):
@@ -104,9 +110,6 @@ def write_status(
         if err.status == 404:
             return False
         raise
-    phase = update.get("phase")
-    if phase:
-        PHASE_BOOK.set(job_key(meta), phase)
-    if event is not None and (always_announce or (phase and phase != current.get("phase"))):
-        announce(kube, job, event)
+    if update.get("phase"):
+        PHASE_BOOK.set(job_key(meta), update["phase"])
     return True

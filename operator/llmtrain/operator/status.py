@@ -1,4 +1,5 @@
-"""Pure mapping from a RayJob's status to the LLMTrainingJob status the operator owns.
+"""Pure: the LLMTrainingJob status the operator owns, from the job, its RayJob, and what a handler
+found (`operator_status`, the one place that status is computed; `reporting.report` writes it).
 
 The phase comes from `jobDeploymentStatus` + `reason`, never from `jobStatus` alone: KubeRay can
 report `jobStatus: RUNNING` beside `jobDeploymentStatus: Failed` (kuberay#2314). `status.progress`
@@ -7,8 +8,10 @@ belongs to the trainer and is never produced here.
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, assert_never
 
 from llmtrain.api.status import Phase
 from llmtrain.constants import KUEUE_QUEUE_LABEL, SUSPENDED_BY_USER_ANNOTATION
@@ -99,8 +102,8 @@ def observe(
 
 
 def derive(
-    rayjob: dict[str, Any],
-    current: dict[str, Any],
+    rayjob: Mapping[str, Any],
+    current: Mapping[str, Any],
     generation: int | None,
     now: str,
 ) -> tuple[dict[str, Any], Observed]:
@@ -135,7 +138,7 @@ def derive(
     return update, observed
 
 
-def with_root_cause(observed: Observed, progress: dict[str, Any] | None) -> Observed:
+def with_root_cause(observed: Observed, progress: Mapping[str, Any] | None) -> Observed:
     """On failure, add what the trainer reported (e.g. 'OutOfMemoryError on rank 3: ...')."""
     error = (progress or {}).get("error")
     if observed.phase != "Failed" or not error:
@@ -226,7 +229,7 @@ def clear_invalid_spec(
     return out
 
 
-def mirrored_fields(rayjob: dict[str, Any]) -> dict[str, Any]:
+def mirrored_fields(rayjob: Mapping[str, Any]) -> dict[str, Any]:
     """The RayJob facts copied verbatim into the LLMTrainingJob status."""
     status = rayjob.get("status") or {}
     out: dict[str, Any] = {"rayJobName": rayjob["metadata"]["name"]}
@@ -247,3 +250,134 @@ def retries(rayjob_status: dict[str, Any]) -> int:
     Failed RayJob's last failed attempt was not retried."""
     failed = int(rayjob_status.get("failed") or 0)
     return max(failed - 1, 0) if rayjob_status.get("jobDeploymentStatus") == "Failed" else failed
+
+
+def was_invalid(status: Mapping[str, Any]) -> bool:
+    """The spec did not parse when the status was last written."""
+    conditions = status.get("conditions") or []
+    return any(c.get("type") == "InvalidSpec" and c.get("status") == "True" for c in conditions)
+
+
+def finished(status: Mapping[str, Any]) -> bool:
+    """Succeeded or Failed for good. A Failed for an invalid spec is re-judged on every edit."""
+    return status.get("phase") in TERMINAL and not was_invalid(status)
+
+
+def ended(rayjob: Mapping[str, Any]) -> bool:
+    """The RayJob's (last) state ends the run: Succeeded or Failed."""
+    return observe(dict(rayjob.get("status") or {})).phase in TERMINAL
+
+
+class Step(enum.Enum):
+    """What a handler did or saw; with `Refused` and `Failure`, the outcomes `operator_status` turns,
+    with the job and its RayJob, into the status."""
+
+    MIRRORED = "mirrored"  # the RayJob's state as it is (or its last one, before it was deleted)
+    CREATED = "created"  # children created or adopted, nothing mirrored yet: the first status
+    RECREATED = "recreated"  # the unfinished job's RayJob was gone and has been created again
+    SYNCED = "synced"  # the spec reached children that exist; the RayJob's events report its state
+    KEPT = "kept"  # a finished job stays finished: an edit is only acknowledged (observedGeneration)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The API refused to create a child for now (quota, admission); retried after `delay` seconds."""
+
+    error: str
+    delay: float
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A permanent failure the operator found: InvalidSpec, ChildConflict or CreateFailed."""
+
+    reason: str
+    message: str
+
+
+Outcome = Step | Refused | Failure
+
+
+@dataclass(frozen=True)
+class Announcement:
+    """An Event to post on the job: `type` Normal or Warning, a CamelCase reason, a message."""
+
+    type: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Report:
+    """A status update (merged into the job's status) and the Event that goes with it, posted when
+    `announce` says: "phase" when the write changes the phase, "write" whenever it writes, "always"
+    even when the status was already so."""
+
+    update: dict[str, Any]
+    event: Announcement | None = None
+    announce: Literal["phase", "write", "always"] = "phase"
+
+
+def operator_status(
+    job: Mapping[str, Any], rayjob: Mapping[str, Any] | None, outcome: Outcome, now: str
+) -> Report:
+    """The operator's part of `job`'s status after `outcome` (`rayjob`: the job's RayJob, None when
+    the outcome needs none), and its Event. Conditions keep their transition times."""
+    status = dict(job.get("status") or {})
+    generation = job["metadata"].get("generation")
+    conditions = list(status.get("conditions") or [])
+    if isinstance(outcome, Failure):
+        conditions = invalid_spec_conditions(outcome.message, generation, conditions, now)
+        if outcome.reason != "InvalidSpec":
+            conditions = [
+                {**c, "reason": outcome.reason} if c["type"] == "Failed" else c
+                for c in conditions
+                if c["type"] != "InvalidSpec"
+            ]
+        update = {"phase": "Failed", "message": outcome.message, "observedGeneration": generation}
+        event = Announcement("Warning", outcome.reason, outcome.message)
+        return Report({**update, "conditions": conditions}, event, "write")
+    if isinstance(outcome, Refused):
+        message = (
+            f"cannot create the job's objects yet (retrying every {outcome.delay:.0f} s or sooner): "
+            f"{outcome.error}"
+        )
+        update = {
+            "phase": status.get("phase") or "Pending",
+            "message": message,
+            "observedGeneration": generation,
+        }
+        first = outcome.error not in str(status.get("message") or "")  # one Warning per refusal
+        return Report(
+            update, Announcement("Warning", "CreateRefused", message), "write" if first else "phase"
+        )
+    if outcome is Step.KEPT:
+        return Report({"observedGeneration": generation})
+    if rayjob is None:
+        raise ValueError(f"{outcome} needs the job's RayJob")
+    name = rayjob["metadata"]["name"]
+    if outcome is Step.SYNCED:
+        cleared = clear_invalid_spec(conditions, generation, now)
+        return Report({"observedGeneration": generation, "rayJobName": name, "conditions": cleared})
+    if outcome is Step.CREATED:
+        cleared = clear_invalid_spec(conditions, generation, now)
+        update, _ = derive(rayjob, {**status, "conditions": cleared}, generation, now)
+        return Report(
+            update, Announcement("Normal", "Created", f"created RayJob {name} and its objects"), "write"
+        )
+    if outcome is Step.RECREATED:
+        update, _ = derive(rayjob, status, generation, now)
+        message = (
+            f"RayJob {name} was deleted while the job was {status.get('phase')}; "
+            "created it again: training resumes from the latest checkpoint"
+        )
+        return Report(update, Announcement("Warning", "RayJobRecreated", message), "always")
+    if outcome is Step.MIRRORED:
+        if was_invalid(status):
+            return Report({})  # nothing runs; the reconciler reports the spec
+        update, observed = derive(rayjob, status, generation, now)
+        previous = status.get("phase") or "None"
+        kind = "Warning" if observed.phase == "Failed" else "Normal"
+        message = f"phase {previous} → {observed.phase}: {observed.message}"
+        return Report(update, Announcement(kind, observed.reason, message))
+    assert_never(outcome)

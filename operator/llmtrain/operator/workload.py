@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmtrain.constants import KUEUE_GROUP, KUEUE_JOB_UID_LABEL, KUEUE_VERSION
+from llmtrain.constants import KUEUE_GROUP, KUEUE_JOB_UID_LABEL, KUEUE_VERSION, KUEUE_WORKLOAD_PLURAL
 from llmtrain.operator.kube import Kube, Resource
 
-WORKLOADS = Resource(KUEUE_GROUP, KUEUE_VERSION, "workloads")
+WORKLOADS = Resource(KUEUE_GROUP, KUEUE_VERSION, KUEUE_WORKLOAD_PLURAL)
 
 
 class WorkloadNotYet(Exception):

@@ -1,4 +1,4 @@
-"""Deterministic child names, at most 47 characters and DNS-1035 (KubeRay's RayJob limit).
+"""Deterministic child names, DNS-1035 and at most `MAX_NAME_LENGTH` (47) characters, KubeRay's limit.
 
 Determinism is what makes the operator idempotent (create-or-adopt by name) and resume work.
 """
@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import hashlib
 
-MAX_CHILD_NAME = 47
+from llmtrain.constants import MAX_NAME_LENGTH
 
 
 def child_name(job_name: str, suffix: str = "") -> str:
     full = f"{job_name}-{suffix}" if suffix else job_name
-    if len(full) <= MAX_CHILD_NAME:
+    if len(full) <= MAX_NAME_LENGTH:
         return full
     digest = hashlib.sha256(full.encode()).hexdigest()[:5]
     tail = f"-{digest}-{suffix}" if suffix else f"-{digest}"
-    return job_name[: MAX_CHILD_NAME - len(tail)].rstrip("-") + tail
+    return job_name[: MAX_NAME_LENGTH - len(tail)].rstrip("-") + tail
 
 
 def rayjob_name(job_name: str) -> str:

@@ -17,7 +17,9 @@ from llmtrain.constants import (
     DEFAULT_TRAINER_IMAGE,
     JOB_LABEL,
     KUEUE_QUEUE_LABEL,
+    RAY_GROUP_VERSION,
     RAY_VERSION,
+    RAYJOB_KIND,
     ROLE_LABEL,
     SUSPENDED_BY_USER_ANNOTATION,
 )
@@ -293,4 +295,4 @@ def render_rayjob(job: LLMTrainingJob, images: ImageSettings) -> dict[str, Any]:
     }
     if policy.active_deadline_seconds is not None:
         spec["activeDeadlineSeconds"] = policy.active_deadline_seconds
-    return {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": meta, "spec": spec}
+    return {"apiVersion": RAY_GROUP_VERSION, "kind": RAYJOB_KIND, "metadata": meta, "spec": spec}

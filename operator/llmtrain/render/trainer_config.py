@@ -14,6 +14,7 @@ from pathlib import Path, PurePosixPath
 from llmtrain.api.job import LLMTrainingJob
 from llmtrain.api.spec import MIN_CPUS_PER_PROCESS
 from llmtrain.api.trainer_config import JobRef, ProgressSpec, ResumeSource, ScalingSpec, TrainerConfig
+from llmtrain.constants import PROGRESS_INTERVAL_SECONDS
 from llmtrain.memory import device_memory_bytes
 from llmtrain.quantity import cpu_cores
 
@@ -84,24 +85,24 @@ def _build(
     )
 
 
-def _ray_cpus_per_process(cores: float, gpus: int) -> float:
+def _ray_cpus_per_process(cores: float, processes: int) -> float:
     """The Ray CPUs each training process reserves: its share of the pod's cores, at least
     MIN_CPUS_PER_PROCESS. KubeRay gives the worker's Ray node ceil(cores) CPUs and the spec refuses
     cores below MIN_CPUS_PER_PROCESS x gpus, so the shares always fit; they are rounded down to
     Ray's resource unit (1e-4) so that Ray's fixed-point rounding cannot push their sum past it."""
-    share = math.floor(cores / max(gpus, 1) * _RAY_RESOURCE_UNITS) / _RAY_RESOURCE_UNITS
+    share = math.floor(cores / processes * _RAY_RESOURCE_UNITS) / _RAY_RESOURCE_UNITS
     return max(share, MIN_CPUS_PER_PROCESS)
 
 
-def cluster_trainer_config(job: LLMTrainingJob, progress_interval_seconds: float = 15.0) -> TrainerConfig:
+def cluster_trainer_config(
+    job: LLMTrainingJob, progress_interval_seconds: float = PROGRESS_INTERVAL_SECONDS
+) -> TrainerConfig:
     res = job.spec.resources
-    gpus = res.gpus_per_worker
-    # One training process per GPU; a CPU worker pod runs one process using all its cores.
     scaling = ScalingSpec(
-        num_workers=res.workers * max(gpus, 1),
-        use_gpu=gpus > 0,
-        cpus_per_worker=_ray_cpus_per_process(cpu_cores(res.cpu), gpus),
-        devices_per_worker=max(gpus, 1),
+        num_workers=res.processes,
+        use_gpu=res.gpus_per_worker > 0,
+        cpus_per_worker=_ray_cpus_per_process(cpu_cores(res.cpu), res.processes_per_worker),
+        devices_per_worker=res.processes_per_worker,
         device_memory_bytes=device_memory_bytes(res),
     )
     return _build(
@@ -123,15 +124,23 @@ def local_trainer_config(
 ) -> TrainerConfig:
     """The same job on this machine: relative data paths resolve against the job file's folder and
     the run lives in <runs_dir>/<name>/<local_run_id> (`llmtrain run` passes the job file's stem),
-    so running the same file again resumes."""
+    so running the same file again resumes. On the CPU, each worker pod becomes one process, as a
+    job with gpusPerWorker 0 would."""
     res = job.spec.resources
-    num_workers = res.workers * (max(res.gpus_per_worker, 1) if use_gpu else 1)
+    if not use_gpu:
+        res = res.model_copy(update={"gpus_per_worker": 0})
+    scaling = ScalingSpec(
+        num_workers=res.processes,
+        use_gpu=use_gpu,
+        cpus_per_worker=1.0,
+        devices_per_worker=res.processes_per_worker,
+    )
     return _build(
         job,
         job_file_dir.resolve(),
         runs_dir.resolve(),
         local_run_id,
-        ScalingSpec(num_workers=num_workers, use_gpu=use_gpu, cpus_per_worker=1.0),
+        scaling,
         ProgressSpec(report_to_kubernetes=False),
     )
 

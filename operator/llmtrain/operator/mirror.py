@@ -1,0 +1,143 @@
+"""A job's status from its RayJob: on every RayJob event (`mirror_rayjob`), and again in a periodic
+level-triggered pass (`resync_all`), so missed events and failed writes converge.
+
+A RayJob deleted under a running job is created again (the run resumes from its checkpoint); one
+deleted under a finished job is not: a finished job stays finished.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from llmtrain.constants import API_GROUP, JOB_LABEL, KIND, RAY_GROUP_VERSION, RAYJOB_KIND
+from llmtrain.operator.children import ChildBeingReplaced, OwnershipConflict
+from llmtrain.operator.config import OperatorConfig
+from llmtrain.operator.kube import RESOURCES, ApiError, Kube
+from llmtrain.operator.metrics import ERRORS, PHASE_BOOK
+from llmtrain.operator.reconcile import recreate
+from llmtrain.operator.reporting import JOB_RESOURCE, job_key, report
+from llmtrain.operator.status import Step, ended, finished
+
+RAYJOB_RESOURCE = RESOURCES[(RAY_GROUP_VERSION, RAYJOB_KIND)]
+# Quick retries of a failed mirror write inside the event handler; the resync pass does the rest.
+_MIRROR_ATTEMPTS = 3
+
+
+def mirror_rayjob(
+    event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+) -> None:
+    """Event handlers are not retried by Kopf: a few quick retries here, then the resync pass."""
+    for attempt in range(_MIRROR_ATTEMPTS):
+        try:
+            job = _owner(memo.kube, body)
+            if job is None:
+                return
+            if event.get("type") == "DELETED":
+                rayjob_gone(memo.kube, memo.config, job, body, logger)
+            else:
+                report(memo.kube, job, body, Step.MIRRORED)
+            return
+        except ApiError as err:
+            ERRORS.labels(reason=f"StatusHttp{err.status}").inc()
+            if not err.transient or attempt == _MIRROR_ATTEMPTS - 1:
+                logger.warning(f"cannot mirror RayJob {body['metadata']['name']} yet ({err}); resync will")
+                return
+            time.sleep(err.retry_after or 0.5 * 2**attempt)
+
+
+def owner_ref(rayjob: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The controller reference to an LLMTrainingJob, if the RayJob has one."""
+    for ref in rayjob.get("metadata", {}).get("ownerReferences") or []:
+        if (
+            ref.get("controller")
+            and ref.get("kind") == KIND
+            and ref.get("apiVersion", "").startswith(API_GROUP)
+        ):
+            return dict(ref)
+    return None
+
+
+def _owner(kube: Kube, rayjob: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The live job that controls this RayJob; None if gone, being deleted, or a namesake."""
+    ref = owner_ref(rayjob)
+    if ref is None:
+        return None
+    try:
+        job = kube.get(JOB_RESOURCE, rayjob["metadata"]["namespace"], ref["name"])
+    except ApiError as err:
+        if err.status == 404:
+            return None
+        raise
+    if job["metadata"].get("uid") != ref.get("uid") or job["metadata"].get("deletionTimestamp"):
+        return None
+    return job
+
+
+def rayjob_gone(
+    kube: Kube, config: OperatorConfig, job: dict[str, Any], last: Mapping[str, Any] | None, logger: Any
+) -> None:
+    """The job's RayJob was deleted (by a person, a script, or KubeRay after it finished); `last`:
+    its final state, when the deletion was seen rather than inferred from a list."""
+    status = job.get("status") or {}
+    if finished(status) or not status.get("rayJobName"):
+        return
+    if last is not None:
+        if ended(last):  # it finished, then went: report the end
+            report(kube, job, last, Step.MIRRORED)
+            return
+    else:
+        try:  # seen missing in a list: make sure before creating it again
+            kube.get(RAYJOB_RESOURCE, job["metadata"]["namespace"], str(status["rayJobName"]))
+            return
+        except ApiError as err:
+            if err.status != 404:
+                raise
+    recreate(kube, config, job, logger)
+
+
+def resync_forever(kube: Kube, config: OperatorConfig, stop: threading.Event) -> None:
+    logger = logging.getLogger("llmtrain.resync")
+    while not stop.wait(config.resync_seconds):
+        try:
+            resync_all(kube, config, logger)
+        except Exception:  # never let the loop die; the next period tries again
+            logger.exception("resync failed")
+
+
+def resync_all(kube: Kube, config: OperatorConfig, logger: logging.Logger) -> None:
+    """Level-triggered: every unfinished job's status from its RayJob as it is now, whatever events
+    were missed or writes failed; a RayJob that is gone is created again. Jobs are listed before
+    RayJobs, so a RayJob a listed job names (created before its name was written) is in the second
+    list unless it was deleted. The gauge forgets jobs no longer listed (a DELETED event missed)."""
+    booked = PHASE_BOOK.keys()  # before listing: a job created after the lists is not dropped
+    listed: set[str] = set()
+    for namespace in config.namespaces or (None,):
+        jobs = kube.list_all(JOB_RESOURCE, namespace)
+        listed.update(job_key(job["metadata"]) for job in jobs)
+        rayjobs = {
+            (r["metadata"]["namespace"], r["metadata"]["name"]): r
+            for r in kube.list_all(RAYJOB_RESOURCE, namespace, label_selector=JOB_LABEL)
+        }
+        for job in jobs:
+            status = job.get("status") or {}
+            meta = job["metadata"]
+            if finished(status) or not status.get("rayJobName") or meta.get("deletionTimestamp"):
+                continue
+            try:
+                rayjob = rayjobs.get((meta["namespace"], str(status["rayJobName"])))
+                if rayjob is None:
+                    rayjob_gone(kube, config, job, None, logger)
+                elif (owner_ref(rayjob) or {}).get("uid") == meta.get("uid"):
+                    report(kube, job, rayjob, Step.MIRRORED)
+            except ApiError as err:
+                ERRORS.labels(reason=f"ResyncHttp{err.status}").inc()
+                logger.warning(f"resync of {job_key(meta)}: {err}")
+            except (ChildBeingReplaced, OwnershipConflict) as exc:  # one job's trouble, not the pass's
+                logger.warning(f"resync of {job_key(meta)}: {exc}")
+    PHASE_BOOK.forget(*(booked - listed))
