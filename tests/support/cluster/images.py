@@ -1,0 +1,167 @@
+"""Tiny OCI images made here, for a node that can reach no registry.
+
+containerd needs its sandbox ("pause") image locally before any pod can start, and the smoke test
+and local-path's helper pods need a shell. Both are made from what this machine has: a static
+pause binary compiled from the C below with gcc, and Debian's busybox-static. Each becomes an OCI
+image-layout tar (one layer, a config, a manifest, index.json naming the image), the format
+`ctr images import` reads. Archives are cached by content under `$LLMTRAIN_CACHE/images/`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+PAUSE_IMAGE = "localhost/llmtrain/pause:1"
+BUSYBOX_IMAGE = "localhost/llmtrain/busybox:1"
+BUSYBOX_BINARY = Path("/bin/busybox")
+
+# The sandbox process: holds the pod's namespaces, reaps orphans, exits on SIGTERM/SIGINT.
+PAUSE_C = r"""
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+static void quit(int sig) { (void)sig; _exit(0); }
+static void reap(int sig) { (void)sig; while (waitpid(-1, NULL, WNOHANG) > 0) {} }
+int main(void) {
+    signal(SIGINT, quit);
+    signal(SIGTERM, quit);
+    signal(SIGCHLD, reap);
+    for (;;) pause();
+}
+"""
+
+
+def _cache() -> Path:
+    import build_tools  # hack/tools, put on sys.path by tests.support.cluster.cluster
+
+    path: Path = build_tools.cache_root() / "images"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _layer(files: dict[str, tuple[bytes, int]], links: dict[str, str]) -> bytes:
+    """A gzip layer tar, reproducible: fixed mtimes and owners, sorted entries."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        dirs = sorted({str(Path(p).parent) for p in [*files, *links]} - {"."})
+        for d in dirs:
+            parts = Path(d).parts
+            for i in range(1, len(parts) + 1):
+                name = "/".join(parts[:i])
+                if name not in tar.getnames():
+                    info = tarfile.TarInfo(name)
+                    info.type, info.mode = tarfile.DIRTYPE, 0o755
+                    tar.addfile(info)
+        for name, (data, mode) in sorted(files.items()):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
+        for name, target in sorted(links.items()):
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname, info.mode = tarfile.SYMTYPE, target, 0o777
+            tar.addfile(info)
+    return raw.getvalue()
+
+
+def write_oci_archive(
+    out: Path, name: str, layer_tar: bytes, *, entrypoint: list[str], cmd: list[str] | None = None
+) -> Path:
+    """An OCI image-layout tar of one layer; index.json names it `name` for `ctr images import`."""
+    blobs: dict[str, bytes] = {}
+
+    def blob(data: bytes) -> dict[str, Any]:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        blobs[digest] = data
+        return {"digest": digest, "size": len(data)}
+
+    compressed = gzip.compress(layer_tar, mtime=0)
+    config = {
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Entrypoint": entrypoint, "Cmd": cmd, "Env": ["PATH=/bin"], "WorkingDir": "/"},
+        "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer_tar).hexdigest()]},
+        "history": [{"created_by": "tests/support/cluster/images.py"}],
+    }
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **blob(_json(config))},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", **blob(compressed)}],
+    }
+    index = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [
+            {
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                **blob(_json(manifest)),
+                "platform": {"architecture": "amd64", "os": "linux"},
+                "annotations": {
+                    "io.containerd.image.name": name,
+                    "org.opencontainers.image.ref.name": name.rsplit(":", 1)[1],
+                },
+            }
+        ],
+    }
+    tmp = out.with_name(out.name + ".partial")
+    with tarfile.open(tmp, "w") as tar:
+        entries = {"oci-layout": _json({"imageLayoutVersion": "1.0.0"}), "index.json": _json(index)}
+        entries.update({f"blobs/sha256/{d.removeprefix('sha256:')}": b for d, b in blobs.items()})
+        for entry, data in entries.items():
+            info = tarfile.TarInfo(entry)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    tmp.rename(out)
+    return out
+
+
+def _json(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def pause_archive() -> Path:
+    """The sandbox image: the static pause binary built from PAUSE_C with gcc."""
+    key = hashlib.sha256(PAUSE_C.encode() + PAUSE_IMAGE.encode()).hexdigest()[:12]
+    out = _cache() / f"pause-{key}.oci.tar"
+    if out.exists():
+        return out
+    with tempfile.TemporaryDirectory() as tmp:
+        src, binary = Path(tmp) / "pause.c", Path(tmp) / "pause"
+        src.write_text(PAUSE_C)
+        subprocess.run(["gcc", "-static", "-Os", "-s", "-o", str(binary), str(src)], check=True)
+        layer = _layer({"pause": (binary.read_bytes(), 0o755)}, {})
+    return write_oci_archive(out, PAUSE_IMAGE, layer, entrypoint=["/pause"])
+
+
+def busybox_archive() -> Path:
+    """A shell image: Debian's static busybox as /bin/busybox with a link for each applet."""
+    data = BUSYBOX_BINARY.read_bytes()
+    key = hashlib.sha256(data + BUSYBOX_IMAGE.encode()).hexdigest()[:12]
+    out = _cache() / f"busybox-{key}.oci.tar"
+    if out.exists():
+        return out
+    applets = subprocess.run(
+        [str(BUSYBOX_BINARY), "--list"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    links = {f"bin/{a}": "busybox" for a in applets if a != "busybox"}
+    layer = _layer({"bin/busybox": (data, 0o755)}, links)
+    return write_oci_archive(out, BUSYBOX_IMAGE, layer, entrypoint=["/bin/sh"])
+
+
+def import_archive(ctr: str, address: str, archive: Path, timeout: float = 300) -> None:
+    """`ctr -n k8s.io images import`: the CRI's namespace, unpacked for its snapshotter."""
+    subprocess.run(
+        [ctr, f"--address={address}", "-n", "k8s.io", "images", "import", str(archive)],
+        check=True,
+        capture_output=True,
+        timeout=timeout,
+    )
