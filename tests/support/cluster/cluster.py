@@ -142,6 +142,8 @@ class Cluster:
     def _start(cls, d: Path, with_kueue: bool, with_real_node: bool) -> Cluster:
         bins: dict[str, str] = {}
         for tool in tools.tools():
+            if tool == "kueue" and not with_kueue:
+                continue  # not built for a cluster that never starts it
             folder = tools.ensure(tool)
             bins.update({name: str(folder / name) for name in tools.packages(tool)})
         # One folder a person can put on PATH: kubectl, helm, kwokctl... of the versions tested.
@@ -322,10 +324,24 @@ class Cluster:
         for plural in ("rayjobs", "rayclusters", "rayservices"):
             cluster.wait_established(f"{plural}.ray.io")
         kuberay = client("kuberay", "kuberay-operator", ("system:masters",))
+        dashboard_args = [f"--port={dashboard}"]
+        if net is not None:
+            # Requests for Services of the real node's pods (a real Ray head) go to them.
+            reader = ca.issue(
+                "ray-dashboard", common_name="llmtrain:ray-dashboard", groups=("system:masters",)
+            )
+            dashboard_args += [
+                f"--netns={net.path}",
+                f"--node-name={real_node_m.NODE_NAME}",
+                f"--api-server={server}",
+                f"--ca={ca.cert}",
+                f"--cert={reader.cert}",
+                f"--key={reader.key}",
+            ]
         processes.start(
             d,
             "ray-dashboard",
-            [sys.executable, "-m", "tests.support.cluster.ray_dashboard", f"--port={dashboard}"],
+            [sys.executable, "-m", "tests.support.cluster.ray_dashboard", *dashboard_args],
             env={"PYTHONPATH": str(REPO_ROOT)},
         )
         probe = port()

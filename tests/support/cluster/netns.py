@@ -24,12 +24,13 @@ import ipaddress
 import os
 import socket
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 CLONE_NEWNET = 0x40000000
 # Private ranges that exist only inside our namespaces (and the host end of each veth).
-LINK_RANGE = ipaddress.ip_network("10.203.0.0/16")
+LINK_RANGE = ipaddress.IPv4Network("10.203.0.0/16")
 SERVICE_RANGE = "10.96.0.0/16"
 
 
@@ -62,11 +63,11 @@ def _ip(*args: str) -> subprocess.CompletedProcess[str]:
 
 def _used_addresses() -> set[ipaddress.IPv4Address]:
     out = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True).stdout
-    found = set()
+    found: set[ipaddress.IPv4Address] = set()
     for line in out.splitlines():
         fields = line.split()
         if "inet" in fields:
-            found.add(ipaddress.ip_interface(fields[fields.index("inet") + 1]).ip)
+            found.add(ipaddress.IPv4Interface(fields[fields.index("inet") + 1]).ip)
     return found
 
 
@@ -116,20 +117,34 @@ def _setns(fd: int) -> None:
         raise OSError(ctypes.get_errno(), "setns")
 
 
-def listen_in(netns_path: str, host: str, port: int) -> socket.socket:
-    """A listening socket bound inside another network namespace; this thread returns home."""
+@contextlib.contextmanager
+def inside(netns_path: str) -> Iterator[None]:
+    """Run this thread in another network namespace for the block: a socket made there stays
+    there (setns moves only the calling thread, so other threads are unaffected)."""
     home = os.open("/proc/self/ns/net", os.O_RDONLY)
     target = os.open(netns_path, os.O_RDONLY)
     try:
         _setns(target)
         try:
-            sock = socket.create_server((host, port), reuse_port=False)
+            yield
         finally:
             _setns(home)
     finally:
         os.close(target)
         os.close(home)
-    return sock
+
+
+def listen_in(netns_path: str, host: str, port: int) -> socket.socket:
+    """A listening socket bound inside another network namespace."""
+    with inside(netns_path):
+        return socket.create_server((host, port), reuse_port=False)
+
+
+def connect_in(netns_path: str, host: str, port: int, timeout: float) -> socket.socket:
+    """A TCP connection made from inside another network namespace (its routes, kube-proxy's
+    rules for locally made connections), usable from any thread once returned."""
+    with inside(netns_path):
+        return socket.create_connection((host, port), timeout=timeout)
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -313,6 +313,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
     sandbox = "{images.PAUSE_IMAGE}"
 
 [plugins."io.containerd.cri.v1.runtime"]
+  # Pod network namespaces under the state folder, not /run/netns: teardown unmounts them there.
+  netns_mounts_under_state_dir = true
   # This machine's root lacks CAP_SYS_RESOURCE: a negative oom_score_adj is refused, and without
   # this every sandbox fails ("failed to update /proc/self/oom_score_adj: Permission denied").
   restrict_oom_score_adj = true
@@ -322,6 +324,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
         BinaryName = "{bins["runc"]}"
+        Root = "{node / "containerd" / "state" / "runc"}"
         SystemdCgroup = false
   [plugins."io.containerd.cri.v1.runtime".cni]
     bin_dirs = ["{cni_bin}"]
@@ -392,6 +395,17 @@ def _provisioner_objects(volumes: Path) -> list[dict[str, Any]]:
             "apiVersion": "v1",
             "kind": "ServiceAccount",
             "metadata": {"name": "local-path-provisioner", "namespace": ns},
+        },
+        {
+            # The helper pod runs these from the ConfigMap it mounts (`/script/setup|teardown`),
+            # with VOL_DIR set to the volume's folder as the pod sees it.
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "local-path-config", "namespace": ns},
+            "data": {
+                "setup": '#!/bin/sh\nset -eu\nmkdir -p "$VOL_DIR"\nchmod 0777 "$VOL_DIR"\n',
+                "teardown": '#!/bin/sh\nset -eu\nrm -rf "$VOL_DIR"\n',
+            },
         },
         {
             "apiVersion": "storage.k8s.io/v1",
@@ -470,12 +484,25 @@ def _shim_pids(address: str) -> set[int]:
     return found
 
 
+def _shim_sockets(state: Path) -> list[Path]:
+    """The shims' sockets: containerd puts them in /run/containerd/s/ whatever its configuration
+    says, and a killed shim leaves its socket behind. Each task's bootstrap.json names its own."""
+    found = []
+    for bootstrap in state.glob("io.containerd.runtime.v2.task/*/*/bootstrap.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            address = str(json.loads(bootstrap.read_text())["address"])
+            if address.startswith("unix:///run/containerd/s/"):
+                found.append(Path(address.removeprefix("unix://")))
+    return found
+
+
 def stop(d: Path) -> None:
     """After the node's processes stopped: kill its containers and shims, unmount what kubelet and
     containerd mounted under the cluster folder, delete the namespace and the cgroups."""
     info = NodeInfo.load(d)
     if info is None:
         return
+    sockets = _shim_sockets(d / "node" / "containerd" / "state")
     for _ in range(3):
         pids = _pids_in(info.cgroup) | _shim_pids(info.containerd_address)
         if not pids:
@@ -484,6 +511,11 @@ def stop(d: Path) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.5)
+    for sock in sockets:
+        sock.unlink(missing_ok=True)
+    for folder in (Path("/run/containerd/s"), Path("/run/containerd")):
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only when empty: what our shims made, never another containerd's
     node = str((d / "node").resolve())
     mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
     for target in sorted({m for m in mounts if m.startswith(node + "/")}, key=len, reverse=True):
