@@ -63,7 +63,7 @@ format: $(STAMP) ## apply ruff's formatting and fixes
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-generate: $(STAMP) ## write every generated file: CRD, operator RBAC rules, manifests/ (Helm's engine)
+generate: $(STAMP) ## write every generated file: CRD, RBAC rules, API docs, chart values, manifests/
 	$(PY) -m llmtrain.generate
 	$(PY) hack/render_manifests.py
 

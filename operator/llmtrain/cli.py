@@ -19,7 +19,7 @@ import yaml
 from llmtrain import memory, plain_yaml
 from llmtrain.api.crd import crd_yaml
 from llmtrain.api.validation import InvalidJob, Problem, parse_job
-from llmtrain.constants import LOCAL_RUNS_DIR, OPERATOR_NAME
+from llmtrain.constants import DEFAULT_TRAINER_IMAGE, LOCAL_RUNS_DIR, OPERATOR_NAME
 from llmtrain.operator.config import DEFAULT_RESYNC_SECONDS, DEFAULT_WORKERS
 
 TRAINERS_GROUP = "llmtrain.trainers"
@@ -131,6 +131,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_local(args.file, runs_root=args.runs_dir, use_gpu=args.gpu, fresh=args.fresh)
 
 
+def cmd_upload(args: argparse.Namespace) -> int:
+    """Copy a local folder onto a claim (or a job's claim) through a short-lived pod."""
+    try:
+        from kubernetes import client, config
+    except ImportError:
+        print("llmtrain upload needs the operator extra: pip install 'llmtrain[operator]'", file=sys.stderr)
+        return 2
+    from llmtrain.upload import Uploader, UploadError, default_namespace, target_for
+
+    config.load_kube_config(config_file=args.kubeconfig, context=args.context)  # type: ignore[no-untyped-call]
+    core = client.CoreV1Api()
+    namespace = args.namespace or default_namespace()
+    uploader = Uploader(core, log=lambda line: print(line, file=sys.stderr))
+    try:
+        if args.claim is not None:
+            uploader.ensure_claim(namespace, args.claim, args.size, args.storage_class)
+        target = target_for(namespace, args.claim, args.job, args.to, core)
+        uploader.upload(args.source, target, args.image, timeout=args.timeout)
+    except UploadError as exc:
+        print(f"llmtrain upload: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_operator(args: argparse.Namespace) -> int:
     try:
         from llmtrain.operator.main import run_operator
@@ -168,6 +192,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", action="store_true", help="train on local GPUs (default: CPU)")
     p.add_argument("--fresh", action="store_true", help="discard the previous run and start over")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser(
+        "upload",
+        help="copy a local file or folder onto a job's shared storage (through a short-lived pod)",
+        description="Copy SOURCE onto a PersistentVolumeClaim, under --to, through a short-lived "
+        "pod that mounts it (restricted Pod Security, the Ray pods' user). Use it to put a "
+        "dataset or a model where a job's dataset.path / model.name find them.",
+    )
+    p.add_argument("source", type=Path, help="local file or folder")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--claim", help="the claim to copy to (created, ReadWriteMany, with --size)")
+    where.add_argument("--job", help="the claim an existing LLMTrainingJob mounts")
+    p.add_argument("--to", default=".", help="folder inside the claim (relative; default: its root)")
+    p.add_argument("--size", help="create --claim with this size if it does not exist, e.g. 10Gi")
+    p.add_argument("--storage-class", help="StorageClass of a created claim (default: the cluster's)")
+    p.add_argument(
+        "--image", default=DEFAULT_TRAINER_IMAGE, help="image of the upload pod (needs sh, tar, find)"
+    )
+    p.add_argument("--timeout", type=float, default=600, help="seconds to wait for the pod to run")
+    p.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig context's)")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+    p.add_argument("--context", help="kubeconfig context (default: the current one)")
+    p.set_defaults(func=cmd_upload)
 
     p = sub.add_parser("operator", help="run the Kubernetes operator")
     scope = p.add_mutually_exclusive_group()

@@ -282,3 +282,62 @@ def test_a_restricted_profile_worker_may_not_add_ipc_lock() -> None:
     assert judge(spec, "CREATE", rayjob) == []
     _add(_containers(rayjob, "worker")[0], "IPC_LOCK")
     assert any(CAPABILITIES in m for m in judge(spec, "CREATE", rayjob))
+
+
+RESTRICTED = "its pods must be"
+
+
+def _pod(rayjob: Obj, group: str) -> Obj:
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    pod: Obj = {
+        "head": cluster["headGroupSpec"]["template"]["spec"],
+        "worker": cluster["workerGroupSpecs"][0]["template"]["spec"],
+        "submitter": rayjob["spec"]["submitterPodTemplate"]["spec"],
+    }[group]
+    return pod
+
+
+def _container_context(pod: Obj) -> Obj:
+    context: Obj = pod["containers"][0].setdefault("securityContext", {})
+    return context
+
+
+# Each clause of podsAreRestricted, broken once: a compromised operator could otherwise start a pod
+# that escapes to its node.
+ESCAPES: dict[str, Any] = {
+    "hostNetwork": lambda p: p.__setitem__("hostNetwork", True),
+    "hostPID": lambda p: p.__setitem__("hostPID", True),
+    "hostIPC": lambda p: p.__setitem__("hostIPC", True),
+    "hostPort": lambda p: p["containers"][0].__setitem__("ports", [{"containerPort": 80, "hostPort": 80}]),
+    "pod runAsUser 0": lambda p: p["securityContext"].__setitem__("runAsUser", 0),
+    "pod runAsNonRoot false": lambda p: p["securityContext"].__setitem__("runAsNonRoot", False),
+    "pod without runAsNonRoot": lambda p: p["securityContext"].pop("runAsNonRoot"),
+    "container runAsUser 0": lambda p: _container_context(p).__setitem__("runAsUser", 0),
+    "allowPrivilegeEscalation true": lambda p: _container_context(p).__setitem__(
+        "allowPrivilegeEscalation", True
+    ),
+    "allowPrivilegeEscalation unset": lambda p: _container_context(p).pop("allowPrivilegeEscalation"),
+    "privileged": lambda p: _container_context(p).__setitem__("privileged", True),
+}
+
+
+@pytest.mark.parametrize("group", ["head", "worker", "submitter"])
+@pytest.mark.parametrize("escape", sorted(ESCAPES))
+def test_every_pod_security_clause_refuses_its_escape(escape: str, group: str) -> None:
+    spec = policy()["spec"]
+    (rayjob,) = [copy.deepcopy(c) for c in rendered("train") if c["kind"] == "RayJob"]
+    assert judge(spec, "CREATE", rayjob) == []
+    ESCAPES[escape](_pod(rayjob, group))
+    refused = judge(spec, "CREATE", rayjob)
+    assert any(RESTRICTED in m for m in refused), f"{escape} on the {group}: {refused}"
+
+
+def test_an_init_container_is_held_to_the_same_clauses() -> None:
+    spec = policy()["spec"]
+    (rayjob,) = [copy.deepcopy(c) for c in rendered("train") if c["kind"] == "RayJob"]
+    worker = _pod(rayjob, "worker")
+    init = copy.deepcopy(worker["containers"][0])
+    init["name"] = "init"
+    init["securityContext"]["privileged"] = True
+    worker["initContainers"] = [init]
+    assert any(RESTRICTED in m for m in judge(spec, "CREATE", rayjob))

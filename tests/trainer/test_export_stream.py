@@ -122,3 +122,22 @@ def test_lora_export_without_merge_gathers_no_frozen_tensor(tmp_path: Path) -> N
         torch.float32, None, True,
     )  # fmt: skip
     assert gathered and all("lora_" in name for name in gathered)
+
+
+@pytest.mark.parametrize("merge", [False, True], ids=["adapters", "merged"])
+def test_export_is_readable_by_other_users_of_the_volume(tmp_path: Path, merge: bool) -> None:
+    """Another pod (another UID, same fsGroup) loads the model: nothing in the export is owner-only."""
+    method = MethodSpec(type="lora", lora=LoraSpec(rank=4, alpha=8, merge_on_export=merge))
+    model = apply_lora(build_from_config(model_config(SPEC), torch.float32, meta=False, seed=3), method)
+    base_name = str(tmp_path / "base")
+    model_config(SPEC).save_pretrained(base_name)
+    export = tmp_path / "export"
+    export_model(
+        local_tensors(model), model_config(SPEC), method, byte_level_tokenizer(), export,
+        torch.float32, base_name, is_main=True,
+    )  # fmt: skip
+    paths = [export, *export.rglob("*")]
+    assert len([p for p in paths if p.is_file()]) >= 3
+    for path in paths:
+        mode = path.stat().st_mode & 0o777
+        assert mode == (0o755 if path.is_dir() else 0o644), f"{path.relative_to(tmp_path)}: {oct(mode)}"

@@ -19,8 +19,9 @@ def test_product_packages_come_from_this_checkout() -> None:
 
 def test_child_processes_import_this_checkout(tmp_path: Path) -> None:
     """A child started from elsewhere (as the operator process and Ray workers are) sees the same tree."""
+    code = "import llmtrain, llmtrain_trainer; print(llmtrain.__file__); print(llmtrain_trainer.__file__)"
     out = subprocess.run(
-        [sys.executable, "-c", "import llmtrain, llmtrain_trainer; print(llmtrain.__file__); print(llmtrain_trainer.__file__)"],
+        [sys.executable, "-c", code],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -206,3 +206,31 @@ def test_plan_of_a_spec_is_total_over_resources() -> None:
     spec = LLMTrainingJobSpec.model_validate(example("tiny-cpu.yaml")["spec"], by_alias=True)
     plan = memory.Plan.of_job(spec)
     assert plan.devices == spec.resources.workers and not plan.on_gpu
+
+
+@pytest.mark.parametrize(
+    ("precision", "gpus", "compute_bytes"),
+    [("bf16", 8, 2), ("fp16", 8, 2), ("fp32", 8, 4), ("bf16", 0, 4), ("fp32", 0, 4)],
+)
+def test_compute_dtype_follows_precision_and_device(precision: str, gpus: int, compute_bytes: int) -> None:
+    """fp32 holds 4 bytes per value, bf16/fp16 on GPUs 2, and CPUs compute in fp32 whatever is asked:
+    counting fp32 at 2 bytes would halve the lower bound that refuses a plan that cannot fit."""
+    document = example("llama3-8b-fsdp.yaml")
+    document["spec"]["model"] = {"config": LLAMA3_8B, "tokenizer": "byte-level"}
+    document["spec"]["training"]["precision"] = precision
+    document["spec"]["resources"]["gpusPerWorker"] = gpus
+    if gpus == 0:
+        document["spec"]["resources"].pop("acceleratorType", None)
+    n = 8_030_261_248
+    devices = max(gpus, 1)
+    document["spec"]["strategy"] = {"type": "deepspeed", "deepspeed": {"zeroStage": 1}}
+    zero1 = memory.estimate(plan_of(document))
+    # ZeRO keeps weights and gradients in the compute dtype; only the fp32 master and moments shard.
+    assert zero1 is not None and (zero1.params, zero1.grads) == (compute_bytes * n, compute_bytes * n)
+    assert zero1.optimizer == 12 * n // devices
+    document["spec"]["strategy"] = {"type": "fsdp"}
+    fsdp = memory.estimate(plan_of(document))
+    # FSDP2 keeps fp32 states whatever the precision and gathers blocks in the compute dtype.
+    assert fsdp is not None and fsdp.states == 16 * n // devices
+    block = memory.Shape.from_config(LLAMA3_8B)
+    assert block is not None and fsdp.working_set == 2 * compute_bytes * block.block_parameters()

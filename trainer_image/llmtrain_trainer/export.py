@@ -73,11 +73,22 @@ def export_model(
         raise
     if staging is None:
         return None
+    share_with_group(staging)
     if export_dir.exists():
         shutil.rmtree(export_dir)
     staging.rename(export_dir)
     log.info("exported to %s", export_dir)
     return ExportResult(export_dir, export_dir / MERGED_DIR if merged else None)
+
+
+def share_with_group(folder: Path) -> None:
+    """Folders 0755, files 0644: the model on a shared volume is loaded by other pods (serving,
+    evaluation) that run as another UID in the same fsGroup; `mkdtemp` and some writers leave
+    owner-only modes (0700/0600) that would lock them out."""
+    folder.chmod(0o755)
+    for path in folder.rglob("*"):
+        if not path.is_symlink():
+            path.chmod(0o755 if path.is_dir() else 0o644)
 
 
 def _write(

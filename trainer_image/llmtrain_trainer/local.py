@@ -53,7 +53,12 @@ def load_job_config(job_file: Path, runs_root: Path, use_gpu: bool) -> TrainerCo
             f"{job_file} is not a valid LLMTrainingJob:\n" + "\n".join(f"  {p}" for p in exc.problems)
         ) from exc
     # The job file is the local run's identity: the same file resumes, another file starts anew.
-    return local_trainer_config(job, job_file.parent, runs_root, use_gpu=use_gpu, local_run_id=job_file.stem)
+    config = local_trainer_config(
+        job, job_file.parent, runs_root, use_gpu=use_gpu, local_run_id=job_file.stem
+    )
+    from llmtrain_trainer.weights import with_model_folder  # imports torch: only once the file is valid
+
+    return with_model_folder(config)
 
 
 class InvalidJobFile(ValueError):

@@ -21,6 +21,7 @@ from llmtrain_trainer.config import DEFAULT_CONFIG_PATH, ConfigError, load_confi
 from llmtrain_trainer.kube_progress import report_failure
 from llmtrain_trainer.loop import LoopOptions, train_loop_per_worker
 from llmtrain_trainer.preflight import PreflightError, check
+from llmtrain_trainer.weights import with_model_folder
 
 log = logging.getLogger("llmtrain_trainer")
 PROG = "llmtrain-trainer"
@@ -118,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = load_config(args.config)
+        config = with_model_folder(load_config(args.config))
     except ConfigError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

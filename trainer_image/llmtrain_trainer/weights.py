@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 
 from llmtrain.api.spec import ModelSpec
+from llmtrain.api.trainer_config import TrainerConfig
 
 from llmtrain_trainer.distributed import WorkerEnv, rank_zero_first
 from llmtrain_trainer.model import ModelError, first_line, hf_token
@@ -29,6 +30,24 @@ def has_safetensors(folder: Path) -> bool:
     return any(folder.glob("*.safetensors"))
 
 
+def with_model_folder(config: TrainerConfig) -> TrainerConfig:
+    """`config` with a relative model.name made absolute where it names a folder under paths_base.
+
+    'org/model' reads as a hub id but may be a folder on the shared storage (an earlier export).
+    The driver decides once, before any worker starts, and the workers get the decided name: each
+    deciding by `Path(name).is_dir()` against its own working directory made the driver load the
+    folder and the workers ask the hub for it.
+    """
+    name = config.model.name
+    if not name or config.paths_base is None or Path(name).is_absolute():
+        return config
+    folder = Path(config.paths_base) / name
+    if not folder.is_dir():
+        return config
+    log.info("model.name %r is the folder %s", name, folder)
+    return config.model_copy(update={"model": config.model.model_copy(update={"name": str(folder)})})
+
+
 def local_folder(spec: ModelSpec, cached_only: bool = False) -> Path:
     """The folder holding the model's files: model.name itself, or its downloaded hub snapshot.
 
@@ -37,7 +56,9 @@ def local_folder(spec: ModelSpec, cached_only: bool = False) -> Path:
     name = spec.name
     assert name is not None
     own = Path(name)
-    if own.is_dir():
+    if own.is_absolute():  # a folder, already resolved (with_model_folder); never a hub id
+        if not own.is_dir():
+            raise ModelError(f"model.name {name!r}: no such folder on this node")
         return own
     from huggingface_hub import snapshot_download
 

@@ -72,6 +72,13 @@ class TrainerConfig(ApiModel):
         description="Ray Train RunConfig(storage_path): shared, same path on every node; the job's "
         "folder holding its runs."
     )
+    paths_base: str | None = Field(
+        default=None,
+        description="Where the spec's relative paths resolve: storage.mountPath in a cluster, the job "
+        "file's folder locally. model.name is ambiguous ('org/model' is a hub id or a folder); the "
+        "trainer's driver looks for a folder of that name here once, before any worker starts, so "
+        "every process agrees on what it loads.",
+    )
     resume_from: ResumeSource | None = None
     scaling: ScalingSpec
     max_worker_failures: int = Field(default=0, ge=-1)

@@ -62,6 +62,7 @@ def _build(
         job=JobRef(name=job.metadata.name, namespace=job.metadata.namespace),
         run_name=name,
         storage_path=str(root / job.metadata.name),
+        paths_base=str(base),
         resume_from=_resume_source(job, base, root),
         scaling=scaling,
         max_worker_failures=spec.run_policy.max_worker_failures,
