@@ -20,7 +20,7 @@ def main() -> int:
     parser.add_argument(
         "--no-real-node", action="store_true", help="only kwok's fake nodes (no containerd, kubelet)"
     )
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()
     if args.action == "down":
         Cluster.down(args.dir)
         print(f"stopped the cluster in {args.dir}")
