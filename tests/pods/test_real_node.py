@@ -150,3 +150,35 @@ def test_a_pod_reaches_a_service_by_its_cluster_dns_name(cluster: Cluster, names
     assert cluster_ip in logs, logs  # DNS answered with the Service's ClusterIP
     assert "served-by-web" in logs, logs  # and kube-proxy took the connection to the pod
     print(f"\nService by DNS name: {time.monotonic() - started:.1f} s")
+
+
+def test_an_image_archive_loads_once_and_replaces_older_tags(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """`Cluster.load_image`: an OCI archive made here runs as a pod; loading it again is skipped
+    (the store keeps images between sessions), and a new tag of the repository replaces the old."""
+    layer = images.layer_tar({"bin/busybox": (images.BUSYBOX_BINARY.read_bytes(), 0o755)}, {})
+    archives = {
+        tag: images.write_oci_archive(
+            tmp_path / f"probe-{tag}.oci.tar",
+            f"localhost/llmtrain/probe:{tag}",
+            layer,
+            entrypoint=["/bin/busybox", "echo", f"probe-{tag}"],
+        )
+        for tag in ("a", "b")
+    }
+    assert cluster.load_image(archives["a"])
+    assert not cluster.load_image(archives["a"])
+    assert cluster.load_image(archives["b"])
+    info = node.NodeInfo.load(cluster.directory)
+    assert info is not None
+    listed = images.listed(info.ctr, info.containerd_address)
+    assert "localhost/llmtrain/probe:b" in listed and "localhost/llmtrain/probe:a" not in listed
+
+    pod = _pod("probe", namespace, "unused")
+    container = pod["spec"]["containers"][0]
+    container["image"] = "localhost/llmtrain/probe:b"
+    del container["command"]  # the image's own entrypoint
+    cluster.apply([pod])
+    wait_for(lambda: _phase(cluster, "probe", namespace) == "Succeeded", timeout=120, what="probe")
+    assert cluster.kubectl("logs", "probe", "-n", namespace).stdout == "probe-b\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from tests.support.cluster import processes
@@ -33,8 +34,9 @@ def main() -> int:
     if args.action == "load-image":
         cluster = Cluster.load(args.dir)
         for archive in args.files:
-            cluster.load_image(archive)
-            print(f"loaded {archive}")
+            started = time.monotonic()
+            done = "loaded" if cluster.load_image(archive) else "already there:"
+            print(f"{done} {archive} ({time.monotonic() - started:.1f} s)")
         return 0
     try:
         cluster = Cluster.up(args.dir, with_kueue=not args.no_kueue, real_node=not args.no_real_node)
@@ -50,7 +52,7 @@ def main() -> int:
     )
     print(
         f"cluster is up: Kubernetes {cluster.kubernetes_version}, KubeRay {cluster.kuberay_version}, "
-        f"Kueue {cluster.kueue_version}, {nodes}.\n"
+        f"{'no Kueue' if args.no_kueue else f'Kueue {cluster.kueue_version}'}, {nodes}.\n"
         f"  export KUBECONFIG={kubeconfig}\n"
         f"  export PATH={args.dir.resolve() / 'bin'}:$PATH   # kubectl, helm, kwokctl, ctr\n"
         f"  kubectl get nodes\n"

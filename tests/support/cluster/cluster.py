@@ -452,12 +452,13 @@ class Cluster:
         ca = (self.directory / "pki" / "ca.crt").read_bytes()
         return write_kubeconfig(path, self.server, ca_data=ca, token=token, namespace=namespace)
 
-    def load_image(self, archive: Path) -> None:
-        """Import an OCI image-layout (or docker-save) tar into the real node's containerd."""
+    def load_image(self, archive: Path) -> bool:
+        """Import an OCI image-layout (or docker-save) tar into the real node's containerd; False
+        when the image was there already (the shared store keeps images between sessions)."""
         info = real_node_m.NodeInfo.load(self.directory)
         if info is None:
             raise ClusterError("this cluster has no real node (Cluster.up(..., real_node=True))")
-        real_node_m.load_image(info, archive)
+        return real_node_m.load_image(info, archive)
 
     @property
     def audit_log(self) -> Path:

@@ -48,7 +48,7 @@ def _cache() -> Path:
     return path
 
 
-def _layer(files: dict[str, tuple[bytes, int]], links: dict[str, str]) -> bytes:
+def layer_tar(files: dict[str, tuple[bytes, int]], links: dict[str, str]) -> bytes:
     """A gzip layer tar, reproducible: fixed mtimes and owners, sorted entries."""
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -73,7 +73,7 @@ def _layer(files: dict[str, tuple[bytes, int]], links: dict[str, str]) -> bytes:
 
 
 def write_oci_archive(
-    out: Path, name: str, layer_tar: bytes, *, entrypoint: list[str], cmd: list[str] | None = None
+    out: Path, name: str, layer: bytes, *, entrypoint: list[str], cmd: list[str] | None = None
 ) -> Path:
     """An OCI image-layout tar of one layer; index.json names it `name` for `ctr images import`."""
     blobs: dict[str, bytes] = {}
@@ -83,12 +83,12 @@ def write_oci_archive(
         blobs[digest] = data
         return {"digest": digest, "size": len(data)}
 
-    compressed = gzip.compress(layer_tar, mtime=0)
+    compressed = gzip.compress(layer, mtime=0)
     config = {
         "architecture": "amd64",
         "os": "linux",
         "config": {"Entrypoint": entrypoint, "Cmd": cmd, "Env": ["PATH=/bin"], "WorkingDir": "/"},
-        "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer_tar).hexdigest()]},
+        "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]},
         "history": [{"created_by": "tests/support/cluster/images.py"}],
     }
     manifest = {
@@ -138,7 +138,7 @@ def pause_archive() -> Path:
         src, binary = Path(tmp) / "pause.c", Path(tmp) / "pause"
         src.write_text(PAUSE_C)
         subprocess.run(["gcc", "-static", "-Os", "-s", "-o", str(binary), str(src)], check=True)
-        layer = _layer({"pause": (binary.read_bytes(), 0o755)}, {})
+        layer = layer_tar({"pause": (binary.read_bytes(), 0o755)}, {})
     return write_oci_archive(out, PAUSE_IMAGE, layer, entrypoint=["/pause"])
 
 
@@ -153,15 +153,61 @@ def busybox_archive() -> Path:
         [str(BUSYBOX_BINARY), "--list"], capture_output=True, text=True, check=True
     ).stdout.split()
     links = {f"bin/{a}": "busybox" for a in applets if a != "busybox"}
-    layer = _layer({"bin/busybox": (data, 0o755)}, links)
+    layer = layer_tar({"bin/busybox": (data, 0o755)}, links)
     return write_oci_archive(out, BUSYBOX_IMAGE, layer, entrypoint=["/bin/sh"])
 
 
-def import_archive(ctr: str, address: str, archive: Path, timeout: float = 300) -> None:
-    """`ctr -n k8s.io images import`: the CRI's namespace, unpacked for its snapshotter."""
-    subprocess.run(
-        [ctr, f"--address={address}", "-n", "k8s.io", "images", "import", str(archive)],
+def store_dir() -> Path:
+    """The real node's shared image store (containerd's root and its lock), kept between sessions."""
+    return _cache().parent / "containerd"
+
+
+def archive_image(archive: Path) -> tuple[str | None, str | None]:
+    """The image name and manifest digest an OCI archive's index.json gives (None, None when it
+    names none, or for a docker-save archive): what `ctr images import` will list it as."""
+    with tarfile.open(archive, "r:") as tar:
+        try:
+            member = tar.extractfile("index.json")
+        except KeyError:
+            return None, None
+        index = json.load(member) if member else {}
+    for manifest in index.get("manifests", []):
+        annotations = manifest.get("annotations") or {}
+        name = annotations.get("io.containerd.image.name")
+        ref = annotations.get("org.opencontainers.image.ref.name", "")
+        if not name and "/" in ref:
+            name = ref
+        if name:
+            return str(name), str(manifest["digest"])
+    return None, None
+
+
+def _ctr(ctr: str, address: str, *args: str, timeout: float = 120) -> str:
+    return subprocess.run(
+        [ctr, f"--address={address}", "-n", "k8s.io", *args],
         check=True,
         capture_output=True,
+        text=True,
         timeout=timeout,
-    )
+    ).stdout
+
+
+def listed(ctr: str, address: str) -> dict[str, str]:
+    """Image name -> manifest (or index) digest, as containerd's k8s.io namespace has them."""
+    lines = _ctr(ctr, address, "images", "ls").splitlines()[1:]
+    return {f[0]: f[2] for f in (line.split() for line in lines) if len(f) > 2}
+
+
+def remove(ctr: str, address: str, names: list[str]) -> None:
+    """Delete images; containerd's garbage collector then frees their layers and snapshots."""
+    if names:
+        _ctr(ctr, address, "images", "rm", *names)
+
+
+def import_archive(ctr: str, address: str, archive: Path, timeout: float | None = None) -> None:
+    """`ctr -n k8s.io images import`: the CRI's namespace, unpacked for its snapshotter. The
+    default timeout grows with the archive (a trainer image is several GB, written twice: its
+    blobs, then the unpacked snapshot) at a pessimistic 5 MB/s on a busy machine."""
+    if timeout is None:
+        timeout = 120 + archive.stat().st_size / 5e6
+    _ctr(ctr, address, "images", "import", str(archive), timeout=timeout)

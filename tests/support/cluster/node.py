@@ -17,6 +17,7 @@ shared-filesystem mode, which is what lets it bind ReadWriteMany claims on this 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -55,6 +56,7 @@ class NodeInfo:
     containerd_address: str
     ctr: str
     cgroup: str
+    image_store: str = ""  # containerd's root: the shared store (images.store_dir) or the node's
 
     @classmethod
     def load(cls, directory: Path) -> NodeInfo | None:
@@ -80,6 +82,7 @@ def start(
     node = d / "node"
     node.mkdir()
     cgroup = f"/{net.name}"
+    store, store_lock = _take_image_store(node)
     info = NodeInfo(
         netns=net.name,
         host_ip=net.host_ip,
@@ -87,6 +90,7 @@ def start(
         containerd_address=str(node / "containerd.sock"),
         ctr=bins["ctr"],
         cgroup=cgroup,
+        image_store=str(store),
     )
     (node / "node.json").write_text(json.dumps(info.__dict__, indent=2))
     server = f"https://{net.node_ip}:{api_port}"
@@ -132,15 +136,21 @@ def start(
     cni_conf.mkdir(parents=True)
     (cni_conf / "10-llmtrain.conflist").write_text(json.dumps(_cni_config(node), indent=2))
     (node / "containerd.toml").write_text(_containerd_config(node, info, bins, cni_bin, cni_conf))
-    processes.start(
-        d,
-        "containerd",
-        net.enter([bins["containerd"], f"--config={node / 'containerd.toml'}", "--log-level=warn"]),
-        env=path_env,
-    )
+    try:
+        processes.start(
+            d,
+            "containerd",
+            net.enter([bins["containerd"], f"--config={node / 'containerd.toml'}", "--log-level=warn"]),
+            env=path_env,
+            # containerd (and the shims it starts) hold the shared store's lock until they exit.
+            pass_fds=(store_lock,) if store_lock is not None else (),
+        )
+    finally:
+        if store_lock is not None:
+            os.close(store_lock)
     _wait_socket(d, Path(info.containerd_address), "containerd")
     for archive in (images.pause_archive(), images.busybox_archive()):
-        images.import_archive(info.ctr, info.containerd_address, archive)
+        load_image(info, archive)
 
     # ---- kubelet -------------------------------------------------------------------------------
     serving = ca.issue("kubelet-serving", common_name=NODE_NAME, hosts=(net.node_ip, NODE_NAME))
@@ -276,8 +286,39 @@ def start(
     return info
 
 
-def load_image(info: NodeInfo, archive: Path) -> None:
+def load_image(info: NodeInfo, archive: Path) -> bool:
+    """Import an archive unless its image (same name, same manifest) is already in the store;
+    True when it was imported. Other tags of the same repository go: each build of the trainer
+    image has a tag of its own, and the shared store would otherwise keep every one (GBs each)."""
+    name, digest = images.archive_image(archive)
+    present = images.listed(info.ctr, info.containerd_address)
+    if name and present.get(name) == digest:
+        return False
     images.import_archive(info.ctr, info.containerd_address, archive)
+    if name:
+        repository = name.rsplit(":", 1)[0]
+        older = [ref for ref in present if ref != name and ref.rsplit(":", 1)[0] == repository]
+        images.remove(info.ctr, info.containerd_address, older)
+    return True
+
+
+def _take_image_store(node: Path) -> tuple[Path, int | None]:
+    """containerd's root, where imported images are kept unpacked: the machine's shared store
+    when no other cluster's node holds it (so a multi-GB image is imported once, not per session),
+    else the node's own folder. The lock is an flock the caller hands to containerd.
+    `LLMTRAIN_IMAGE_STORE=node` always takes the node's own folder."""
+    own = node / "containerd" / "root"
+    if os.environ.get("LLMTRAIN_IMAGE_STORE") == "node":
+        return own, None
+    shared = images.store_dir()
+    shared.mkdir(parents=True, exist_ok=True)
+    fd = os.open(shared / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return own, None
+    return shared / "root", fd
 
 
 # ---- configuration ---------------------------------------------------------------------------------
@@ -285,7 +326,7 @@ def _containerd_config(
     node: Path, info: NodeInfo, bins: dict[str, str], cni_bin: Path, cni_conf: Path
 ) -> str:
     return f"""version = 4
-root = "{node / "containerd" / "root"}"
+root = "{info.image_store}"
 state = "{node / "containerd" / "state"}"
 temp = "{node / "containerd" / "tmp"}"
 disabled_plugins = ["io.containerd.nri.v1.nri"]
