@@ -33,6 +33,9 @@ def main() -> int:
         return 0 if running else 1
     if args.action == "load-image":
         cluster = Cluster.load(args.dir)
+        if missing := [str(f) for f in args.files if not f.is_file()]:
+            print(f"no such archive: {', '.join(missing)}", file=sys.stderr)
+            return 1
         for archive in args.files:
             started = time.monotonic()
             done = "loaded" if cluster.load_image(archive) else "already there:"

@@ -160,7 +160,11 @@ class Cluster:
                 "127.0.0.1",
                 "localhost",
                 "10.96.0.1",
+                # What pods may call the API server by (the real node's pods really do).
+                "kubernetes",
+                "kubernetes.default",
                 "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
                 *real_node_m.apiserver_hosts(net),
             ),
         )
