@@ -2,11 +2,14 @@
 rancher's local-path-provisioner, all local processes of the cluster supervisor.
 
 Everything the node runs lives in the network namespace `netns.create` makes (see netns.py for
-how the API server and the node reach each other) and under `<cluster>/node/`: containerd's root
-and state, the CNI configuration and plugins, kubelet's root and pod logs, the volumes. Its cgroups
-hang under `/<namespace name>` in every hierarchy, so two clusters on one machine never share one.
+how the API server and the node reach each other) and under `<cluster>/node/`: containerd's state
+(pod network namespaces, runc's state), the CNI configuration, kubelet's root and pod logs, the
+volumes. Its cgroups hang under `/<namespace name>` in every hierarchy, so two clusters on one
+machine never share one.
 
-Images come from OCI archives (`load_image`); no registry is reachable. The sandbox image is the
+Images come from OCI archives (`load_image`); no registry is reachable. containerd's root, where
+they are kept unpacked, is a store shared between sessions when no other node uses it
+(`_take_image_store`), so a multi-GB image is imported once. The sandbox image is the
 pause binary images.py builds. Pods reach the API server through the `kubernetes` Service, and
 cluster DNS is CoreDNS at 10.96.0.10 (a host process in the namespace, answering only for
 `cluster.local`: there is no upstream to forward to). Volumes: the `local-path` StorageClass
