@@ -21,16 +21,16 @@ from tests.support.cluster.cluster import Cluster
 DASHBOARD_PORT = 8265
 
 
-def _head_service(name: str, namespace: str, app: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "selector": {"app": app},
-            "ports": [{"name": "dashboard", "port": DASHBOARD_PORT, "targetPort": DASHBOARD_PORT}],
-        },
+def _head_service(name: str, namespace: str, app: str, *, headless: bool = False) -> dict[str, Any]:
+    """A head Service; KubeRay's own is headless (DNS gives the pod's address, no ClusterIP)."""
+    spec: dict[str, Any] = {
+        "selector": {"app": app},
+        "ports": [{"name": "dashboard", "port": DASHBOARD_PORT, "targetPort": DASHBOARD_PORT}],
     }
+    if headless:
+        spec["clusterIP"] = "None"
+    metadata = {"name": name, "namespace": namespace}
+    return {"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": spec}
 
 
 def _job_through_proxy(cluster: Cluster, service: str, namespace: str) -> dict[str, Any]:
@@ -87,6 +87,7 @@ def test_the_dashboard_proxy_reaches_a_head_on_the_real_node_and_fakes_kwok_head
             head,
             kwok_head,
             _head_service("real-head-svc", namespace, "real-head"),
+            _head_service("headless-head-svc", namespace, "real-head", headless=True),
             _head_service("kwok-head-svc", namespace, "kwok-head"),
         ]
     )
@@ -103,13 +104,16 @@ def test_the_dashboard_proxy_reaches_a_head_on_the_real_node_and_fakes_kwok_head
     wait_for(
         lambda: (
             _endpoint_nodes(cluster, "real-head-svc", namespace) == {"real-node-0"}
+            and _endpoint_nodes(cluster, "headless-head-svc", namespace) == {"real-node-0"}
             and _endpoint_nodes(cluster, "kwok-head-svc", namespace) == {nodes.CPU_NODES[0]}
         ),
         what="both Services' endpoints, each on its node",
     )
 
-    real = _job_through_proxy(cluster, "real-head-svc", namespace)
-    assert real == {"job_id": "probe", "status": "SUCCEEDED", "served_by": "real-head"}, real
+    # Through kube-proxy (a ClusterIP) and straight to the pod (headless, as KubeRay makes it).
+    for service in ("real-head-svc", "headless-head-svc"):
+        real = _job_through_proxy(cluster, service, namespace)
+        assert real == {"job_id": "probe", "status": "SUCCEEDED", "served_by": "real-head"}, (service, real)
 
     fake = _job_through_proxy(cluster, "kwok-head-svc", namespace)
     assert fake["status"] == "RUNNING" and "fake dashboard" in fake["message"], fake

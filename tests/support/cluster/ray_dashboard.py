@@ -17,8 +17,9 @@ rendered RayJob sets), a job request without `x-ray-authorization: Bearer <token
 401, so a RayJob rendered without authentication can never leave Running here either.
 
 With a real node (`--netns`), a Ray head may really run: a request for a Service whose endpoints
-are on the real node is forwarded to the Service's ClusterIP from a socket opened inside the
-node's network namespace (kube-proxy takes it to the head pod), and its answer goes back as is.
+are on the real node is forwarded to the Service's ClusterIP (kube-proxy takes it to the head
+pod), or to the ready pod's address for a headless Service such as KubeRay's head Service, from a
+socket opened inside the node's network namespace, and its answer goes back as is.
 Services of kwok's pods (or with no endpoints) keep the fake answers above.
 """
 
@@ -73,21 +74,29 @@ class RealNode:
             body: dict[str, Any] = json.load(response)
             return body
 
-    def cluster_ip(self, service: str, namespace: str) -> str | None:
-        """The Service's ClusterIP when any of its endpoints (ready or not) is on the real node."""
+    def address(self, service: str, namespace: str) -> str | None:
+        """Where to send a request for the Service when any of its endpoints (ready or not) is on
+        the real node: its ClusterIP, or for a headless Service (KubeRay's head Service is one)
+        the address of an endpoint there, as cluster DNS would answer; else None."""
         selector = urllib.parse.quote(f"kubernetes.io/service-name={service}")
         try:
             slices = self._get(
                 f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices?labelSelector={selector}"
             )["items"]
-            if not any(e.get("nodeName") == self.node_name for s in slices for e in s.get("endpoints") or []):
+            endpoints = [e for s in slices for e in s.get("endpoints") or []]
+            here = [e for e in endpoints if e.get("nodeName") == self.node_name]
+            if not here:
                 return None
-            ip: str | None = self._get(f"/api/v1/namespaces/{namespace}/services/{service}")["spec"].get(
-                "clusterIP"
-            )
+            spec = self._get(f"/api/v1/namespaces/{namespace}/services/{service}")["spec"]
         except (urllib.error.URLError, OSError, KeyError):
             return None
-        return ip if ip and ip != "None" else None
+        ip: str | None = spec.get("clusterIP")
+        if ip and ip != "None":
+            return ip
+        # A ready pod first; one that is not (yet) gets the request all the same and the caller a
+        # 502 if nothing listens, never the fake answers meant for kwok's pods.
+        here.sort(key=lambda e: not (e.get("conditions") or {}).get("ready"))
+        return str(here[0]["addresses"][0])
 
     def connection(self, ip: str, port: int) -> http.client.HTTPConnection:
         conn = http.client.HTTPConnection(ip, port, timeout=30)
@@ -153,7 +162,7 @@ def _handler(state: _State, real_node: RealNode | None = None) -> type[BaseHTTPR
                 return self._control(method, url.path, body)
             service = _SERVICE.match(host)
             if real_node and service:
-                ip = real_node.cluster_ip(service.group("service"), service.group("namespace"))
+                ip = real_node.address(service.group("service"), service.group("namespace"))
                 if ip:
                     return self._forward(real_node, ip, url.port or 80, method, body)
             host_match, job_match = _HOST.match(host), _JOB.match(url.path)
