@@ -167,13 +167,19 @@ def test_an_image_archive_loads_once_and_replaces_older_tags(
         )
         for tag in ("a", "b")
     }
+    info = node.NodeInfo.load(cluster.directory)
+    assert info is not None
+
+    def probes() -> list[str]:
+        listed = images.listed(info.ctr, info.containerd_address)
+        return sorted(ref for ref in listed if ref.startswith("localhost/llmtrain/probe:"))
+
+    # The store may be the one shared between sessions: start from no probe image.
+    images.remove(info.ctr, info.containerd_address, probes())
     assert cluster.load_image(archives["a"])
     assert not cluster.load_image(archives["a"])
     assert cluster.load_image(archives["b"])
-    info = node.NodeInfo.load(cluster.directory)
-    assert info is not None
-    listed = images.listed(info.ctr, info.containerd_address)
-    assert "localhost/llmtrain/probe:b" in listed and "localhost/llmtrain/probe:a" not in listed
+    assert probes() == ["localhost/llmtrain/probe:b"]
 
     pod = _pod("probe", namespace, "unused")
     container = pod["spec"]["containers"][0]

@@ -183,13 +183,11 @@ def archive_image(archive: Path) -> tuple[str | None, str | None]:
 
 
 def _ctr(ctr: str, address: str, *args: str, timeout: float = 120) -> str:
-    return subprocess.run(
-        [ctr, f"--address={address}", "-n", "k8s.io", *args],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    ).stdout
+    cmd = [ctr, f"--address={address}", "-n", "k8s.io", *args]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise RuntimeError(f"ctr {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
+    return result.stdout
 
 
 def listed(ctr: str, address: str) -> dict[str, str]:
@@ -205,9 +203,12 @@ def remove(ctr: str, address: str, names: list[str]) -> None:
 
 
 def import_archive(ctr: str, address: str, archive: Path, timeout: float | None = None) -> None:
-    """`ctr -n k8s.io images import`: the CRI's namespace, unpacked for its snapshotter. The
-    default timeout grows with the archive (a trainer image is several GB, written twice: its
-    blobs, then the unpacked snapshot) at a pessimistic 5 MB/s on a busy machine."""
+    """`ctr -n k8s.io images import`: the CRI's namespace, unpacked for its snapshotter. Layer
+    blobs are dropped once unpacked (containers run from the snapshots; a multi-GB trainer image
+    would otherwise take its size twice in the store); ctr allows that only with `--local` (the
+    import runs in ctr rather than through containerd's transfer service). The default timeout
+    grows with the archive (written twice: its blobs, then the snapshots) at a pessimistic 5 MB/s."""
     if timeout is None:
         timeout = 120 + archive.stat().st_size / 5e6
-    _ctr(ctr, address, "images", "import", str(archive), timeout=timeout)
+    args = ["images", "import", "--local", "--discard-unpacked-layers", str(archive)]
+    _ctr(ctr, address, *args, timeout=timeout)
