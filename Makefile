@@ -44,13 +44,14 @@ lock: $(STAMP) ## rewrite constraints.txt from the current venv (after `make tes
 	bash hack/lock.sh $(PY)
 
 tools: $(STAMP) ## build the real cluster's binaries from hack/tools/*/go.mod into ~/.cache/llmtrain/bin
+	bash hack/install_node_deps.sh
 	$(PY) hack/tools/build_tools.py
 
 images: $(STAMP) ## build the operator and trainer images (buildah, Debian bases) into ~/.cache/llmtrain/images
 	$(PY) hack/images.py
 
 CLUSTER_DIR ?= .cluster
-cluster: tools ## start a local cluster (real control plane, KubeRay, Kueue, fake GPU nodes) in .cluster/
+cluster: tools ## start a local cluster (real control plane, a real node, KubeRay, Kueue, fake GPU nodes) in .cluster/
 	$(PY) -m tests.support.cluster up --dir $(CLUSTER_DIR)
 
 cluster-down: ## stop every process `make cluster` started

@@ -6,6 +6,10 @@ cache outside the work tree, one folder per module and content hash of its go.mo
 `$LLMTRAIN_CACHE/bin/<tool>-<version>-<hash>/` (default `~/.cache/llmtrain`), so a second run,
 another clone or CI on the same machine reuses them and changing a pin rebuilds only that tool.
 
+A tool whose build differs from the default (static, no cgo) says so in an optional `build.json`:
+`{"cgo": true, "tags": ["seccomp"]}` (runc links Debian's libseccomp), `{"tags": [...]}` (build
+tags), `{"ldflags": "-X pkg.Var=value"}` (extra linker flags). It counts towards the hash too.
+
 Usage: `python hack/tools/build_tools.py [TOOL ...]` builds what is missing and prints each folder;
 `--dir TOOL` prints one folder without building. Other code calls `ensure(tool)`.
 """
@@ -22,6 +26,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 TOOLS_DIR = Path(__file__).resolve().parent
 MIN_GO = (1, 24)
@@ -55,8 +60,10 @@ def pinned_version(tool: str) -> str:
 
 def bin_dir(tool: str) -> Path:
     digest = hashlib.sha256()
-    for name in ("go.mod", "go.sum", "tools.go"):
-        digest.update((TOOLS_DIR / tool / name).read_bytes())
+    for name in ("go.mod", "go.sum", "tools.go", "build.json"):
+        path = TOOLS_DIR / tool / name
+        if path.exists():
+            digest.update(path.read_bytes())
     return cache_root() / "bin" / f"{tool}-{pinned_version(tool)}-{digest.hexdigest()[:10]}"
 
 
@@ -81,8 +88,17 @@ def find_go() -> str:
     return str(venv_go)
 
 
+def build_options(tool: str) -> dict[str, Any]:
+    """The tool's `build.json` (cgo, tags, ldflags), empty when it builds the default way."""
+    path = TOOLS_DIR / tool / "build.json"
+    options: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    return options
+
+
 def _ldflags(tool: str) -> str:
     flags = "-s -w"
+    if extra := build_options(tool).get("ldflags"):
+        flags += " " + extra
     if tool == "kubernetes":
         # What `kubectl version` and the API server's /version report: the release built, not
         # v0.0.0 (Helm and controllers compare it against their supported range).
@@ -98,15 +114,18 @@ def build(tool: str) -> Path:
     out = bin_dir(tool)
     if all((out / name).is_file() for name in packages(tool)):
         return out
-    env = dict(os.environ, GOFLAGS="-mod=readonly -trimpath", GONOSUMDB=NO_SUMDB, CGO_ENABLED="0")
+    options = build_options(tool)
+    cgo = "1" if options.get("cgo") else "0"
+    env = dict(os.environ, GOFLAGS="-mod=readonly -trimpath", GONOSUMDB=NO_SUMDB, CGO_ENABLED=cgo)
     env.setdefault("GOTOOLCHAIN", "auto")
+    tags = ["-tags", ",".join(options["tags"])] if options.get("tags") else []
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     started = time.monotonic()
     print(f"building {tool} {pinned_version(tool)} -> {out}", flush=True)
     for name, pkg in packages(tool).items():
-        cmd = [find_go(), "build", "-ldflags", _ldflags(tool), "-o", str(tmp / name), pkg]
+        cmd = [find_go(), "build", *tags, "-ldflags", _ldflags(tool), "-o", str(tmp / name), pkg]
         subprocess.run(cmd, cwd=TOOLS_DIR / tool, env=env, check=True)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)

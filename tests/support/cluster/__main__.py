@@ -1,9 +1,11 @@
-"""`python -m tests.support.cluster up|down|status`: what `make cluster` and `make cluster-down` run."""
+"""`python -m tests.support.cluster up|down|status|load-image`: what `make cluster` and
+`make cluster-down` run; `load-image FILE...` imports OCI archives into the real node."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from tests.support.cluster import processes
@@ -12,10 +14,14 @@ from tests.support.cluster.cluster import Cluster, ClusterError, default_directo
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.support.cluster")
-    parser.add_argument("action", choices=["up", "down", "status"])
+    parser.add_argument("action", choices=["up", "down", "status", "load-image"])
+    parser.add_argument("files", nargs="*", type=Path, help="load-image: OCI image-layout tars")
     parser.add_argument("--dir", type=Path, default=default_directory())
     parser.add_argument("--no-kueue", action="store_true", help="start without Kueue's manager")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--no-real-node", action="store_true", help="only kwok's fake nodes (no containerd, kubelet)"
+    )
+    args = parser.parse_intermixed_args()
     if args.action == "down":
         Cluster.down(args.dir)
         print(f"stopped the cluster in {args.dir}")
@@ -25,18 +31,35 @@ def main() -> int:
         for name, pid in sorted(running.items()):
             print(f"{name:<26} pid {pid}")
         return 0 if running else 1
+    if args.action == "load-image":
+        cluster = Cluster.load(args.dir)
+        if missing := [str(f) for f in args.files if not f.is_file()]:
+            print(f"no such archive: {', '.join(missing)}", file=sys.stderr)
+            return 1
+        for archive in args.files:
+            started = time.monotonic()
+            done = "loaded" if cluster.load_image(archive) else "already there:"
+            print(f"{done} {archive} ({time.monotonic() - started:.1f} s)")
+        return 0
     try:
-        cluster = Cluster.up(args.dir, with_kueue=not args.no_kueue)
+        cluster = Cluster.up(args.dir, with_kueue=not args.no_kueue, real_node=not args.no_real_node)
     except ClusterError as e:
         print(f"cluster failed to start: {e}", file=sys.stderr)
         return 1
     kubeconfig = args.dir.resolve() / "kubeconfig"
+    nodes = (
+        "a real node (real-node-0: containerd, kubelet; label llmtrain.dev/real-node=true) and "
+        "kwok's fake GPU and CPU nodes"
+        if cluster.real_node
+        else "fake nodes from kwok (no container runs)"
+    )
     print(
         f"cluster is up: Kubernetes {cluster.kubernetes_version}, KubeRay {cluster.kuberay_version}, "
-        f"Kueue {cluster.kueue_version}, fake nodes from kwok (no container runs).\n"
+        f"{'no Kueue' if args.no_kueue else f'Kueue {cluster.kueue_version}'}, {nodes}.\n"
         f"  export KUBECONFIG={kubeconfig}\n"
-        f"  export PATH={args.dir.resolve() / 'bin'}:$PATH   # kubectl, helm, kwokctl\n"
+        f"  export PATH={args.dir.resolve() / 'bin'}:$PATH   # kubectl, helm, kwokctl, ctr\n"
         f"  kubectl get nodes\n"
+        f"  python -m tests.support.cluster load-image --dir {args.dir} IMAGE.oci.tar\n"
         f"  make cluster-down        # stops every process; logs are in {args.dir.resolve()}/logs"
     )
     return 0

@@ -3,7 +3,9 @@
 etcd, kube-apiserver (RBAC, production admission plugins), kube-controller-manager (garbage
 collector, Job and ServiceAccount controllers), kube-scheduler, kwok (fake kubelets for the fake
 nodes), KubeRay's operator and Kueue's manager, each a local process. Pods are scheduled by the real
-scheduler onto fake nodes and moved through their phases by kwok Stages; no container ever runs.
+scheduler onto fake nodes and moved through their phases by kwok Stages. With `real_node=True`
+one real node runs beside them (node.py: containerd, kubelet, kube-proxy, CoreDNS, local-path, in a
+network namespace of its own), where containers really run.
 
 `Cluster.up(directory)` starts everything and writes `<directory>/kubeconfig` (admin) and
 `<directory>/cluster.json`; `Cluster.down(directory)` stops whatever is recorded there.
@@ -28,7 +30,8 @@ from typing import Any
 
 import yaml
 
-from tests.support.cluster import nodes, pki, processes
+from tests.support.cluster import netns, nodes, pki, processes
+from tests.support.cluster import node as real_node_m
 from tests.support.cluster.kueue import prepare_kueue
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -40,6 +43,7 @@ STOP_ORDER = [
     "kueue",
     "kuberay",
     "ray-dashboard",
+    *real_node_m.STOP_ORDER,
     "kwok",
     "kube-scheduler",
     "kube-controller-manager",
@@ -104,19 +108,22 @@ class Cluster:
     kuberay_version: str
     kueue_version: str
     kubernetes_version: str
+    real_node: bool = False
 
     # ---- lifecycle ---------------------------------------------------------------------------
     @classmethod
-    def up(cls, directory: Path, *, with_kueue: bool = True) -> Cluster:
+    def up(cls, directory: Path, *, with_kueue: bool = True, real_node: bool = False) -> Cluster:
+        """Start a cluster in `directory`; `real_node` adds a node where containers really run."""
         directory = directory.resolve()
         if processes.running(directory):
             raise ClusterError(f"a cluster is already running from {directory}: stop it first")
+        real_node_m.stop(directory)  # what a killed session may have left: mounts, namespace
         shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir(parents=True)
         try:
-            return cls._start(directory, with_kueue)
+            return cls._start(directory, with_kueue, real_node)
         except BaseException:
-            processes.stop_all(directory, STOP_ORDER)
+            cls.down(directory)
             raise
 
     @classmethod
@@ -129,11 +136,14 @@ class Cluster:
     @staticmethod
     def down(directory: Path) -> None:
         processes.stop_all(directory.resolve(), STOP_ORDER)
+        real_node_m.stop(directory.resolve())
 
     @classmethod
-    def _start(cls, d: Path, with_kueue: bool) -> Cluster:
+    def _start(cls, d: Path, with_kueue: bool, with_real_node: bool) -> Cluster:
         bins: dict[str, str] = {}
         for tool in tools.tools():
+            if tool == "kueue" and not with_kueue:
+                continue  # not built for a cluster that never starts it
             folder = tools.ensure(tool)
             bins.update({name: str(folder / name) for name in tools.packages(tool)})
         # One folder a person can put on PATH: kubectl, helm, kwokctl... of the versions tested.
@@ -142,11 +152,35 @@ class Cluster:
             (d / "bin" / name).symlink_to(path)
         pki_dir = d / "pki"
         ca = pki.CertificateAuthority(pki_dir)
+        net = netns.create(d) if with_real_node else None
         serving = ca.issue(
             "apiserver",
             common_name="kube-apiserver",
-            hosts=("127.0.0.1", "localhost", "10.96.0.1", "kubernetes.default.svc"),
+            hosts=(
+                "127.0.0.1",
+                "localhost",
+                "10.96.0.1",
+                # What pods may call the API server by (the real node's pods really do).
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+                *real_node_m.apiserver_hosts(net),
+            ),
         )
+        kubelet_flags: list[str] = []
+        if net is not None:
+            # Towards the real kubelet (logs, exec): its InternalIP, its certificate from our CA, and
+            # our identity. Only with a real node: kwok's fake nodes carry a made-up InternalIP.
+            kubelet_client = ca.issue(
+                "apiserver-kubelet-client", common_name="kube-apiserver", groups=("system:masters",)
+            )
+            kubelet_flags = [
+                "--kubelet-preferred-address-types=InternalIP",
+                f"--kubelet-client-certificate={kubelet_client.cert}",
+                f"--kubelet-client-key={kubelet_client.key}",
+                f"--kubelet-certificate-authority={ca.cert}",
+            ]
         webhook = ca.issue("webhook", common_name="webhooks", hosts=("127.0.0.1", "localhost"))
         sa = pki.service_account_keys(pki_dir)
         port = processes.free_port
@@ -190,7 +224,9 @@ class Cluster:
                 bins["kube-apiserver"],
                 f"--etcd-servers=http://127.0.0.1:{etcd_port}",
                 "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                # With a real node, its pods reach the API server at the relay on the node's IP.
+                f"--advertise-address={net.node_ip if net else '127.0.0.1'}",
+                *kubelet_flags,
                 f"--secure-port={api_port}",
                 f"--tls-cert-file={serving.cert}",
                 f"--tls-private-key-file={serving.key}",
@@ -252,6 +288,7 @@ class Cluster:
             kuberay_version=tools.pinned_version("kuberay"),
             kueue_version=tools.pinned_version("kueue"),
             kubernetes_version=tools.pinned_version("kubernetes"),
+            real_node=net is not None,
         )
         (d / "kubeconfig").write_bytes(admin.read_bytes())
         (d / "cluster.json").write_text(json.dumps(asdict(cluster), default=str, indent=2))
@@ -261,7 +298,10 @@ class Cluster:
         cluster.apply_files([kwok_dir / "kustomize" / "crd" / "bases" / "kwok.x-k8s.io_stages.yaml"])
         cluster.wait_established("stages.kwok.x-k8s.io")
         cluster.apply(nodes.stages(kwok_dir, STORAGE_CLASSES))
-        cluster.apply(nodes.storage_classes(STORAGE_CLASSES))
+        # With a real node its provisioner's class (local-path) is the default, else kwok's first.
+        cluster.apply(nodes.storage_classes(STORAGE_CLASSES, default=net is None))
+        if net is not None:
+            real_node_m.start(d, net, api_port=api_port, bins=bins, ca=ca, apply=cluster.apply)
         kwok = client("kwok", "kwok-controller", ("system:masters",))
         processes.start(
             d,
@@ -288,10 +328,24 @@ class Cluster:
         for plural in ("rayjobs", "rayclusters", "rayservices"):
             cluster.wait_established(f"{plural}.ray.io")
         kuberay = client("kuberay", "kuberay-operator", ("system:masters",))
+        dashboard_args = [f"--port={dashboard}"]
+        if net is not None:
+            # Requests for Services of the real node's pods (a real Ray head) go to them.
+            reader = ca.issue(
+                "ray-dashboard", common_name="llmtrain:ray-dashboard", groups=("system:masters",)
+            )
+            dashboard_args += [
+                f"--netns={net.path}",
+                f"--node-name={real_node_m.NODE_NAME}",
+                f"--api-server={server}",
+                f"--ca={ca.cert}",
+                f"--cert={reader.cert}",
+                f"--key={reader.key}",
+            ]
         processes.start(
             d,
             "ray-dashboard",
-            [sys.executable, "-m", "tests.support.cluster.ray_dashboard", f"--port={dashboard}"],
+            [sys.executable, "-m", "tests.support.cluster.ray_dashboard", *dashboard_args],
             env={"PYTHONPATH": str(REPO_ROOT)},
         )
         probe = port()
@@ -329,6 +383,8 @@ class Cluster:
             _wait_http(setup.health_url, d, "kueue", timeout=90)
         _wait_http(f"http://127.0.0.1:{probe}/readyz", d, "kuberay", timeout=60)
         cluster.wait_nodes_ready([n["metadata"]["name"] for n in nodes.fake_nodes()])
+        if net is not None:
+            cluster.wait_nodes_ready([real_node_m.NODE_NAME], timeout=180)
         return cluster
 
     # ---- use -----------------------------------------------------------------------------------
@@ -399,6 +455,14 @@ class Cluster:
     def kubeconfig_for_token(self, path: Path, token: str, namespace: str | None = None) -> Path:
         ca = (self.directory / "pki" / "ca.crt").read_bytes()
         return write_kubeconfig(path, self.server, ca_data=ca, token=token, namespace=namespace)
+
+    def load_image(self, archive: Path) -> bool:
+        """Import an OCI image-layout (or docker-save) tar into the real node's containerd; False
+        when the image was there already (the shared store keeps images between sessions)."""
+        info = real_node_m.NodeInfo.load(self.directory)
+        if info is None:
+            raise ClusterError("this cluster has no real node (Cluster.up(..., real_node=True))")
+        return real_node_m.load_image(info, archive)
 
     @property
     def audit_log(self) -> Path:

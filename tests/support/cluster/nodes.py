@@ -82,7 +82,8 @@ def stages(kwok_module: Path, storage_classes: Iterable[str]) -> list[dict[str, 
     return out
 
 
-def storage_classes(names: Iterable[str]) -> list[dict[str, Any]]:
+def storage_classes(names: Iterable[str], *, default: bool = True) -> list[dict[str, Any]]:
+    """kwok's StorageClasses; the first is the cluster's default unless `default` is False."""
     out = []
     for i, name in enumerate(names):
         sc: dict[str, Any] = {
@@ -93,7 +94,7 @@ def storage_classes(names: Iterable[str]) -> list[dict[str, Any]]:
             "reclaimPolicy": "Delete",
             "volumeBindingMode": "Immediate",
         }
-        if i == 0:
+        if i == 0 and default:
             sc["metadata"]["annotations"] = {"storageclass.kubernetes.io/is-default-class": "true"}
         out.append(sc)
     return out

@@ -23,7 +23,13 @@ def free_port() -> int:
         return port
 
 
-def start(directory: Path, name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
+def start(
+    directory: Path,
+    name: str,
+    argv: list[str],
+    env: dict[str, str] | None = None,
+    pass_fds: tuple[int, ...] = (),
+) -> int:
     (directory / "logs").mkdir(parents=True, exist_ok=True)
     (directory / "pids").mkdir(parents=True, exist_ok=True)
     with (directory / "logs" / f"{name}.log").open("ab") as log:
@@ -34,6 +40,7 @@ def start(directory: Path, name: str, argv: list[str], env: dict[str, str] | Non
             stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})},
             start_new_session=True,
+            pass_fds=pass_fds,
         )
     (directory / "pids" / name).write_text(str(proc.pid))
     return proc.pid
@@ -48,6 +55,11 @@ def alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
+    # A zombie whose parent is gone (`make cluster` exited) waits for init to reap it, which
+    # here takes seconds: it has exited all the same.
+    with contextlib.suppress(OSError, IndexError):
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return False
     return True
 
 

@@ -15,21 +15,93 @@ requests carried.
 Like Ray's dashboard with token authentication on (KubeRay's `authOptions.mode: token`, which every
 rendered RayJob sets), a job request without `x-ray-authorization: Bearer <token>` is refused with
 401, so a RayJob rendered without authentication can never leave Running here either.
+
+With a real node (`--netns`), a Ray head may really run: a request for a Service whose endpoints
+are on the real node is forwarded to the Service's ClusterIP (kube-proxy takes it to the head
+pod), or to the ready pod's address for a headless Service such as KubeRay's head Service, from a
+socket opened inside the node's network namespace, and its answer goes back as is.
+Services of kwok's pods (or with no endpoints) keep the fake answers above.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import re
+import ssl
 import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
+from tests.support.cluster import netns
+
 _HOST = re.compile(r"^(?P<cluster>[a-z0-9-]+)-head-svc\.(?P<namespace>[a-z0-9-]+)\.svc")
 _JOB = re.compile(r"^/api/jobs/(?P<id>[^/]+)(?P<stop>/stop)?/?$")
+_SERVICE = re.compile(r"^(?P<service>[a-z0-9-]+)\.(?P<namespace>[a-z0-9-]+)\.svc(\.cluster\.local)?\.?$")
+# Not forwarded: they describe one hop (RFC 9110 7.6.1), and the body is re-framed here.
+_HOP_HEADERS = {
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+}
+
+
+@dataclass(frozen=True)
+class RealNode:
+    """Where a request for a Service backed by the real node's pods goes: the API server says
+    where a Service's endpoints are, the node's network namespace is where the ClusterIP works."""
+
+    netns_path: str
+    node_name: str
+    api_server: str
+    ssl_context: ssl.SSLContext
+
+    def _get(self, path: str) -> dict[str, Any]:
+        with urllib.request.urlopen(self.api_server + path, timeout=10, context=self.ssl_context) as response:
+            body: dict[str, Any] = json.load(response)
+            return body
+
+    def address(self, service: str, namespace: str) -> str | None:
+        """Where to send a request for the Service when any of its endpoints (ready or not) is on
+        the real node: its ClusterIP, or for a headless Service (KubeRay's head Service is one)
+        the address of an endpoint there, as cluster DNS would answer; else None."""
+        selector = urllib.parse.quote(f"kubernetes.io/service-name={service}")
+        try:
+            slices = self._get(
+                f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices?labelSelector={selector}"
+            )["items"]
+            endpoints = [e for s in slices for e in s.get("endpoints") or []]
+            here = [e for e in endpoints if e.get("nodeName") == self.node_name]
+            if not here:
+                return None
+            spec = self._get(f"/api/v1/namespaces/{namespace}/services/{service}")["spec"]
+        except (urllib.error.URLError, OSError, KeyError):
+            return None
+        ip: str | None = spec.get("clusterIP")
+        if ip and ip != "None":
+            return ip
+        # A ready pod first; one that is not (yet) gets the request all the same and the caller a
+        # 502 if nothing listens, never the fake answers meant for kwok's pods.
+        here.sort(key=lambda e: not (e.get("conditions") or {}).get("ready"))
+        return str(here[0]["addresses"][0])
+
+    def connection(self, ip: str, port: int) -> http.client.HTTPConnection:
+        conn = http.client.HTTPConnection(ip, port, timeout=30)
+        conn.sock = netns.connect_in(self.netns_path, ip, port, timeout=30)
+        return conn
 
 
 class _State:
@@ -66,7 +138,7 @@ class _State:
         }
 
 
-def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
+def _handler(state: _State, real_node: RealNode | None = None) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -88,6 +160,11 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             body = self.rfile.read(length) if length else b""
             if url.path.startswith("/control"):
                 return self._control(method, url.path, body)
+            service = _SERVICE.match(host)
+            if real_node and service:
+                ip = real_node.address(service.group("service"), service.group("namespace"))
+                if ip:
+                    return self._forward(real_node, ip, url.port or 80, method, body)
             host_match, job_match = _HOST.match(host), _JOB.match(url.path)
             if not host_match or not job_match:
                 return self._reply(404, {"error": f"fake dashboard: no route for {method} {self.path}"})
@@ -102,6 +179,29 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             if method == "DELETE":
                 return self._reply(200, {"deleted": True})
             return self._reply(200, state.job_info(namespace, job_match.group("id")))
+
+        def _forward(self, node: RealNode, ip: str, port: int, method: str, body: bytes) -> None:
+            """The request, headers and body as received, to the Service inside the node."""
+            url = urlsplit(self.path)
+            target = url.path + (f"?{url.query}" if url.query else "")
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS}
+            try:
+                conn = node.connection(ip, port)
+                try:
+                    conn.request(method, target or "/", body=body or None, headers=headers)
+                    response = conn.getresponse()
+                    data = response.read()
+                finally:
+                    conn.close()
+            except (OSError, http.client.HTTPException) as e:
+                return self._reply(502, {"error": f"real node: {ip}:{port}: {e}"})
+            self.send_response(response.status, response.reason)
+            for name, value in response.getheaders():
+                if name.lower() not in _HOP_HEADERS:
+                    self.send_header(name, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
 
         def _control(self, method: str, path: str, body: bytes) -> None:
             parts = [p for p in path.split("/") if p][1:]
@@ -136,8 +236,21 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
+    real = parser.add_argument_group("real node (forward requests for Services of its pods)")
+    real.add_argument("--netns", help="/run/netns/<name> of the real node")
+    real.add_argument("--node-name", help="the real node's name")
+    real.add_argument("--api-server", help="https://127.0.0.1:<port>")
+    real.add_argument("--ca", help="the API server's CA certificate")
+    real.add_argument("--cert", help="a client certificate that may read Services, EndpointSlices")
+    real.add_argument("--key", help="its key")
     args = parser.parse_args()
-    ThreadingHTTPServer(("127.0.0.1", args.port), _handler(_State())).serve_forever()
+    real_node = None
+    if args.netns:
+        context = ssl.create_default_context(cafile=args.ca)
+        context.load_cert_chain(args.cert, args.key)
+        real_node = RealNode(args.netns, args.node_name, args.api_server, context)
+    handler = _handler(_State(), real_node)
+    ThreadingHTTPServer(("127.0.0.1", args.port), handler).serve_forever()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,74 @@
+"""The real-pod tier: one cluster per session with a real node (tests/support/cluster/node.py),
+where containers run under containerd and runc, beside kwok's fake GPU nodes.
+
+Pods of this tier select the real node by its label (`on_real_node`); each test gets a namespace
+enforcing the restricted Pod Security profile.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.support.cluster import node
+from tests.support.cluster.cluster import Cluster
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    directory = tmp_path_factory.mktemp("cluster")
+    started = time.monotonic()
+    c = Cluster.up(directory, with_kueue=False, real_node=True)
+    print(f"\ncluster with a real node up in {time.monotonic() - started:.1f} s ({directory})")
+    try:
+        yield c
+    finally:
+        Cluster.down(directory)
+
+
+@pytest.fixture
+def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:6]
+    name = f"p-{request.node.name[:40].lower().replace('_', '-')}"[:50].strip("-") + f"-{digest}"
+    labels = {f"pod-security.kubernetes.io/{m}": "restricted" for m in ("enforce", "warn")}
+    cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}])
+    # ServiceAccount admission refuses pods until the controller-manager made the default account.
+    wait_for(
+        lambda: cluster.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
+        what=f"ServiceAccount default in {name}",
+    )
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def on_real_node(spec: dict[str, Any]) -> dict[str, Any]:
+    """A pod spec pinned to the real node (kwok's CPU node would take it otherwise)."""
+    return {**spec, "nodeSelector": {node.REAL_NODE_LABEL: "true"}}
+
+
+def wait_for(
+    check: Callable[[], Any], timeout: float = 60, interval: float = 0.5, what: str = "condition"
+) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except (AssertionError, KeyError, TypeError, IndexError) as e:
+            last = e
+        else:
+            if last:
+                return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last: {last!r}")
+
+
+def get(cluster: Cluster, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
+    scope = ["-n", namespace] if namespace else []
+    out: dict[str, Any] = json.loads(cluster.kubectl("get", kind, name, *scope, "-o", "json").stdout)
+    return out
