@@ -23,6 +23,7 @@ from tests.support.cluster.steps import (
     clear_outcome,
     cpu_job,
     end_ray_job,
+    finish_job,
     get,
     items,
     job_status,
@@ -415,18 +416,16 @@ def test_a_rayjob_deleted_under_a_running_job_is_created_again(
     assert len(items(cluster, "rayjobs", namespace)) == 1
 
 
+@pytest.mark.parametrize("succeed", [True, False], ids=["succeeded", "failed"])
 def test_a_finished_job_stays_finished_when_its_rayjob_goes(
-    cluster: Cluster, operator: OperatorProcess, namespace: str
+    cluster: Cluster, operator: OperatorProcess, namespace: str, succeed: bool
 ) -> None:
     """KubeRay may delete a finished RayJob (DELETE_RAYJOB_CR_AFTER_JOB_FINISHES), and so may a
-    person: neither a resync, nor an operator restart, nor an edit starts the job again."""
+    person: neither a resync, nor an operator restart, nor an edit starts the job again — a
+    Failed job as much as a Succeeded one (its training must not run again on the GPUs)."""
+    phase = "Succeeded" if succeed else "Failed"
     apply_doc(cluster, cpu_job("done", namespace))
-    wait_phase(cluster, namespace, "done", "Running")
-    try:
-        end_ray_job(cluster, namespace, "done", succeed=True)
-        wait_phase(cluster, namespace, "done", "Succeeded")
-    finally:
-        clear_outcome(cluster, namespace)
+    finish_job(cluster, namespace, "done", succeed=succeed, message="exit code 1")
     cluster.kubectl("delete", "rayjob", "done", "-n", namespace, "--wait=true")
     time.sleep(2 * RESYNC_SECONDS)  # two resyncs
     assert get(cluster, "rayjob", "done", namespace) is None
@@ -447,7 +446,7 @@ def test_a_finished_job_stays_finished_when_its_rayjob_goes(
     )
     time.sleep(RESYNC_SECONDS)
     assert get(cluster, "rayjob", "done", namespace) is None
-    assert status["phase"] == "Succeeded" and job_status(cluster, namespace, "done")["phase"] == "Succeeded"
+    assert status["phase"] == phase and job_status(cluster, namespace, "done")["phase"] == phase
     assert not [e for e in _events(cluster, namespace, "done") if e["reason"] == "RayJobRecreated"]
 
 
@@ -457,12 +456,7 @@ def test_rayjobs_deleted_while_the_operator_is_down_are_handled_on_purpose_at_re
     """No DELETED event reaches a stopped operator. At restart, the running job's RayJob is created
     again with the same Warning as when the deletion is seen; the finished job stays finished."""
     apply_doc(cluster, cpu_job("finished", namespace))
-    wait_phase(cluster, namespace, "finished", "Running")
-    try:
-        end_ray_job(cluster, namespace, "finished", succeed=True)
-        wait_phase(cluster, namespace, "finished", "Succeeded")
-    finally:
-        clear_outcome(cluster, namespace)
+    finish_job(cluster, namespace, "finished")
     apply_doc(cluster, cpu_job("unfinished", namespace))
     wait_phase(cluster, namespace, "unfinished", "Running")
     first = (get(cluster, "rayjob", "unfinished", namespace) or {})["metadata"]["uid"]

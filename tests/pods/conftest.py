@@ -10,13 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.support.cluster import node
 from tests.support.cluster.cluster import Cluster
+from tests.support.cluster.steps import wait_for
 
 
 @pytest.fixture(scope="session")
@@ -49,23 +50,6 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
 def on_real_node(spec: dict[str, Any]) -> dict[str, Any]:
     """A pod spec pinned to the real node (kwok's CPU node would take it otherwise)."""
     return {**spec, "nodeSelector": {node.REAL_NODE_LABEL: "true"}}
-
-
-def wait_for(
-    check: Callable[[], Any], timeout: float = 60, interval: float = 0.5, what: str = "condition"
-) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except (AssertionError, KeyError, TypeError, IndexError) as e:
-            last = e
-        else:
-            if last:
-                return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last: {last!r}")
 
 
 def get(cluster: Cluster, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:

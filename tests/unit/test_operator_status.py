@@ -465,3 +465,15 @@ def test_the_resync_pass_takes_jobs_no_longer_listed_off_the_gauge(monkeypatch: 
     assert book.keys() == {"n/kept"}
     assert metrics.JOBS.labels(phase="Running")._value.get() == 0
     assert metrics.JOBS.labels(phase="Succeeded")._value.get() == 1
+
+
+@pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
+def test_a_finished_job_is_finished_for_good(phase: str) -> None:
+    """Both ends are terminal: a Failed job's RayJob is never created again (its training would run
+    again on GPUs); only a Failed for an invalid spec is judged again on the next edit."""
+    from llmtrain.operator.status import finished
+
+    assert finished({"phase": phase})
+    assert not finished({"phase": "Running"}) and not finished({"phase": "Suspended"})
+    invalid = {"phase": "Failed", "conditions": [{"type": "InvalidSpec", "status": "True"}]}
+    assert not finished(invalid)

@@ -230,6 +230,19 @@ def end_ray_job(cluster: Cluster, namespace: str, rayjob: str, *, succeed: bool,
     touch_job_pods(cluster, namespace)
 
 
+def finish_job(
+    cluster: Cluster, namespace: str, name: str, *, succeed: bool = True, message: str = ""
+) -> None:
+    """Run an applied job to its end: Running, then the Ray job ends (Succeeded, or Failed with
+    `message`), the job's phase follows, and the outcome stage is cleared for later jobs."""
+    wait_phase(cluster, namespace, name, "Running")
+    try:
+        end_ray_job(cluster, namespace, name, succeed=succeed, message=message)
+        wait_phase(cluster, namespace, name, "Succeeded" if succeed else "Failed")
+    finally:
+        clear_outcome(cluster, namespace)
+
+
 def fail_submitter(cluster: Cluster, namespace: str) -> None:
     """The submitter pod exits 1 before the Ray job reports anything (e.g. the image fails)."""
     cluster.apply(
