@@ -424,7 +424,8 @@ def test_a_finished_job_stays_finished_when_its_rayjob_goes(
     person: neither a resync, nor an operator restart, nor an edit starts the job again — a
     Failed job as much as a Succeeded one (its training must not run again on the GPUs)."""
     phase = "Succeeded" if succeed else "Failed"
-    apply_doc(cluster, cpu_job("done", namespace))
+    # No retry on a new cluster: the failure ends the job at once.
+    apply_doc(cluster, with_path(cpu_job("done", namespace), "spec.runPolicy.maxRetries", 0))
     finish_job(cluster, namespace, "done", succeed=succeed, message="exit code 1")
     cluster.kubectl("delete", "rayjob", "done", "-n", namespace, "--wait=true")
     time.sleep(2 * RESYNC_SECONDS)  # two resyncs

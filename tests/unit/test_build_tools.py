@@ -54,6 +54,8 @@ def test_binary_names_come_from_tools_go_with_renames() -> None:
         "kube-controller-manager",
         "kube-scheduler",
         "kubectl",
+        "kubelet",
+        "kube-proxy",
     }
 
 
