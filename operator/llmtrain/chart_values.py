@@ -55,6 +55,19 @@ class SchemaOnly:
 
 Entry = Value | Group | SchemaOnly
 
+# SELinux and AppArmor as baseline Pod Security bounds them: the same for the pod's and the
+# container's securityContext.
+_CONFINEMENT: dict[str, Any] = {
+    "seLinuxOptions": {
+        "allOf": [{"$ref": "#/definitions/seLinuxOptions"}],
+        "description": "SELinux labels: a confined type only, no user or role (baseline Pod Security).",
+    },
+    "appArmorProfile": {
+        "allOf": [{"$ref": "#/definitions/appArmorProfile"}],
+        "description": "AppArmor profile: RuntimeDefault or Localhost (baseline Pod Security).",
+    },
+}
+
 VALUES: tuple[Entry, ...] = (
     SchemaOnly(
         "global",
@@ -344,16 +357,7 @@ VALUES: tuple[Entry, ...] = (
                     "allOf": [{"$ref": "#/definitions/seccompProfile"}],
                     "description": "RuntimeDefault or Localhost (restricted Pod Security).",
                 },
-                "seLinuxOptions": {
-                    "allOf": [{"$ref": "#/definitions/seLinuxOptions"}],
-                    "description": (
-                        "SELinux labels: a confined type only, no user or role (baseline Pod Security)."
-                    ),
-                },
-                "appArmorProfile": {
-                    "allOf": [{"$ref": "#/definitions/appArmorProfile"}],
-                    "description": "AppArmor profile: RuntimeDefault or Localhost (baseline Pod Security).",
-                },
+                **_CONFINEMENT,
             },
         },
         shown="uid/gid/fsGroup 1000, `runAsNonRoot`, seccomp `RuntimeDefault`",
@@ -410,16 +414,7 @@ VALUES: tuple[Entry, ...] = (
                     "allOf": [{"$ref": "#/definitions/seccompProfile"}],
                     "description": "RuntimeDefault or Localhost.",
                 },
-                "seLinuxOptions": {
-                    "allOf": [{"$ref": "#/definitions/seLinuxOptions"}],
-                    "description": (
-                        "SELinux labels: a confined type only, no user or role (baseline Pod Security)."
-                    ),
-                },
-                "appArmorProfile": {
-                    "allOf": [{"$ref": "#/definitions/appArmorProfile"}],
-                    "description": "AppArmor profile: RuntimeDefault or Localhost (baseline Pod Security).",
-                },
+                **_CONFINEMENT,
             },
         },
         shown="restricted (see Security)",
