@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import node
+from tests.support.cluster import images, node
 from tests.support.cluster.cluster import Cluster
 from tests.support.cluster.steps import wait_for
 
@@ -56,3 +56,45 @@ def get(cluster: Cluster, kind: str, name: str, namespace: str | None = None) ->
     scope = ["-n", namespace] if namespace else []
     out: dict[str, Any] = json.loads(cluster.kubectl("get", kind, name, *scope, "-o", "json").stdout)
     return out
+
+
+RESTRICTED: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
+def busybox_pod(name: str, namespace: str, script: str, **spec: Any) -> dict[str, Any]:
+    """A busybox pod on the real node running `script` as UID 1000 under the restricted profile;
+    `volumes`, `mounts` and `restartPolicy` go to the pod, anything else to its container."""
+    volumes = spec.pop("volumes", [])
+    mounts = spec.pop("mounts", [])
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": name}},
+        "spec": on_real_node(
+            {
+                "restartPolicy": spec.pop("restartPolicy", "Never"),
+                "securityContext": {
+                    "runAsNonRoot": True,
+                    "runAsUser": 1000,
+                    "runAsGroup": 1000,
+                    "fsGroup": 2000,
+                    "seccompProfile": {"type": "RuntimeDefault"},
+                },
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": images.BUSYBOX_IMAGE,
+                        "imagePullPolicy": "Never",
+                        "command": ["/bin/sh", "-c", script],
+                        "securityContext": RESTRICTED,
+                        "volumeMounts": mounts,
+                        **spec,
+                    }
+                ],
+                "volumes": volumes,
+            }
+        ),
+    }

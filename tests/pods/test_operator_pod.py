@@ -14,8 +14,8 @@ import time
 from typing import Any
 
 from hack import images as built
-from tests.pods.conftest import get, on_real_node, wait_for
-from tests.support.cluster import images, node
+from tests.pods.conftest import busybox_pod, get, wait_for
+from tests.support.cluster import node
 from tests.support.cluster.cluster import Cluster
 from tests.support.cluster.steps import CHART, RELEASE, apply_doc, cpu_job, helm, wait_phase
 
@@ -38,31 +38,7 @@ def _scraper(namespace: str, url: str) -> dict[str, Any]:
         f"for i in $(seq 60); do m=$(wget -q -O - {url} 2>&1); "
         f'case "$m" in *\'{SUSPENDED_GAUGE}\'*) break;; esac; sleep 1; done; echo "$m"'
     )
-    restricted = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "scraper", "namespace": namespace},
-        "spec": on_real_node(
-            {
-                "restartPolicy": "Never",
-                "securityContext": {
-                    "runAsNonRoot": True,
-                    "runAsUser": 1000,
-                    "seccompProfile": {"type": "RuntimeDefault"},
-                },
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": images.BUSYBOX_IMAGE,
-                        "imagePullPolicy": "Never",
-                        "command": ["/bin/sh", "-c", script],
-                        "securityContext": restricted,
-                    }
-                ],
-            }
-        ),
-    }
+    return busybox_pod("scraper", namespace, script)
 
 
 def test_chart_runs_the_operator_image_as_a_pod_that_leads_serves_metrics_and_reconciles(

@@ -13,8 +13,7 @@ import json
 import urllib.request
 from typing import Any
 
-from tests.pods.conftest import get, wait_for
-from tests.pods.test_real_node import _pod
+from tests.pods.conftest import busybox_pod, get, wait_for
 from tests.support.cluster import nodes
 from tests.support.cluster.cluster import Cluster
 
@@ -68,7 +67,7 @@ def test_the_dashboard_proxy_reaches_a_head_on_the_real_node_and_fakes_kwok_head
     cluster: Cluster, namespace: str
 ) -> None:
     answer = '{"job_id": "probe", "status": "SUCCEEDED", "served_by": "%s"}'
-    head = _pod(
+    head = busybox_pod(
         "real-head",
         namespace,
         f"mkdir -p /www/api/jobs && printf '{answer}' \"$(hostname)\" > /www/api/jobs/probe"
@@ -80,7 +79,7 @@ def test_the_dashboard_proxy_reaches_a_head_on_the_real_node_and_fakes_kwok_head
         readinessProbe={"tcpSocket": {"port": DASHBOARD_PORT}, "periodSeconds": 1},
     )
     # The same head on kwok's CPU node: a pod that only pretends to run.
-    kwok_head = _pod("kwok-head", namespace, "sleep 3600", restartPolicy="Always")
+    kwok_head = busybox_pod("kwok-head", namespace, "sleep 3600", restartPolicy="Always")
     kwok_head["spec"]["nodeSelector"] = {"kubernetes.io/hostname": nodes.CPU_NODES[0]}
     cluster.apply(
         [

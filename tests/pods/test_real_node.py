@@ -10,50 +10,10 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
-from tests.pods.conftest import get, on_real_node, wait_for
+from tests.pods.conftest import busybox_pod, get, wait_for
 from tests.support.cluster import images, node
 from tests.support.cluster.cluster import Cluster
-
-RESTRICTED: dict[str, Any] = {
-    "allowPrivilegeEscalation": False,
-    "capabilities": {"drop": ["ALL"]},
-}
-
-
-def _pod(name: str, namespace: str, script: str, **spec: Any) -> dict[str, Any]:
-    volumes = spec.pop("volumes", [])
-    mounts = spec.pop("mounts", [])
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"app": name}},
-        "spec": on_real_node(
-            {
-                "restartPolicy": spec.pop("restartPolicy", "Never"),
-                "securityContext": {
-                    "runAsNonRoot": True,
-                    "runAsUser": 1000,
-                    "runAsGroup": 1000,
-                    "fsGroup": 2000,
-                    "seccompProfile": {"type": "RuntimeDefault"},
-                },
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": images.BUSYBOX_IMAGE,
-                        "imagePullPolicy": "Never",
-                        "command": ["/bin/sh", "-c", script],
-                        "securityContext": RESTRICTED,
-                        "volumeMounts": mounts,
-                        **spec,
-                    }
-                ],
-                "volumes": volumes,
-            }
-        ),
-    }
 
 
 def _phase(cluster: Cluster, name: str, namespace: str) -> str:
@@ -78,7 +38,7 @@ def test_a_restricted_pod_runs_as_its_user_with_shm_and_a_shared_volume(
         "id -u; id -G; grep '^Seccomp:' /proc/self/status; grep ' /dev/shm ' /proc/mounts; "
         "echo written-by-the-pod > /data/out.txt && echo WROTE"
     )
-    pod = _pod(
+    pod = busybox_pod(
         "writer",
         namespace,
         script,
@@ -118,7 +78,7 @@ def test_a_restricted_pod_runs_as_its_user_with_shm_and_a_shared_volume(
 
 def test_a_pod_reaches_a_service_by_its_cluster_dns_name(cluster: Cluster, namespace: str) -> None:
     started = time.monotonic()
-    server = _pod(
+    server = busybox_pod(
         "web",
         namespace,
         "echo served-by-$(hostname) > /www/index.html && exec httpd -f -p 8080 -h /www",
@@ -140,7 +100,7 @@ def test_a_pod_reaches_a_service_by_its_cluster_dns_name(cluster: Cluster, names
     )
 
     fqdn = f"web.{namespace}.svc.cluster.local"
-    client = _pod("client", namespace, f"nslookup {fqdn} && wget -q -O - http://{fqdn}/")
+    client = busybox_pod("client", namespace, f"nslookup {fqdn} && wget -q -O - http://{fqdn}/")
     cluster.apply([client])
     wait_for(
         lambda: _phase(cluster, "client", namespace) == "Succeeded", timeout=120, what="client Completed"
@@ -181,7 +141,7 @@ def test_an_image_archive_loads_once_and_replaces_older_tags(
     assert cluster.load_image(archives["b"])
     assert probes() == ["localhost/llmtrain/probe:b"]
 
-    pod = _pod("probe", namespace, "unused")
+    pod = busybox_pod("probe", namespace, "unused")
     container = pod["spec"]["containers"][0]
     container["image"] = "localhost/llmtrain/probe:b"
     del container["command"]  # the image's own entrypoint
