@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from llmtrain.constants import DEFAULT_MOUNT_PATH, DEFAULT_TRAINER_IMAGE, MANAGED_BY_LABEL, OPERATOR_NAME
+from llmtrain.constants import DEFAULT_MOUNT_PATH, MANAGED_BY_LABEL, OPERATOR_NAME
 from llmtrain.render.rayjob import CONTAINER_SECURITY_CONTEXT, POD_SECURITY_CONTEXT
 
 CHUNK_BYTES = 1 << 20
@@ -286,6 +286,3 @@ def default_namespace() -> str:
         return str(context.get("context", {}).get("namespace") or "default")
     except Exception:  # in a pod, or no kubeconfig: the client's own default
         return os.environ.get("POD_NAMESPACE", "default")
-
-
-__all__ = ["DEFAULT_TRAINER_IMAGE", "Target", "UploadError", "Uploader", "target_for", "upload_pod"]
