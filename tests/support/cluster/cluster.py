@@ -321,7 +321,7 @@ class Cluster:
                 f"--server-address=127.0.0.1:{port()}",
             ],
         )
-        cluster.apply(nodes.fake_nodes())
+        cluster.apply(nodes.fake_nodes(beside_real_node=net is not None))
         # KubeRay: CRDs from its Go module, then its operator.
         ray_dir = tools.module_dir("kuberay")
         cluster.apply_files(sorted((ray_dir / "config" / "crd" / "bases").glob("ray.io_*.yaml")))

@@ -25,6 +25,10 @@ GPUS_PER_NODE = 8
 # shared device pool (its rdmaHcaMax) and the 32 EFA interfaces of a p5.48xlarge.
 FABRIC_DEVICES = {"rdma/rdma_shared_device_a": "1000", "vpc.amazonaws.com/efa": "32"}
 VOLUME_PROVISIONER = "kwok.x-k8s.io/volume"
+# Beside a real node, the fake CPU node carries this PreferNoSchedule taint: a pod that fits the
+# real node (the README's tiny-cpu example, with no node selector) runs there for real, while a
+# pod too big for it (a large job's head) still lands on the fake node.
+FAKE_NODE_TAINT = {"key": "llmtrain.dev/fake-node", "value": "true", "effect": "PreferNoSchedule"}
 
 _STAGE_FILES = (
     "node/fast/node-initialize.yaml",
@@ -63,9 +67,13 @@ def _node(name: str, *, cpu: str, memory: str, gpus: int) -> dict[str, Any]:
     return node
 
 
-def fake_nodes() -> list[dict[str, Any]]:
+def fake_nodes(beside_real_node: bool = False) -> list[dict[str, Any]]:
     gpu = [_node(n, cpu="192", memory="2Ti", gpus=GPUS_PER_NODE) for n in GPU_NODES]
-    return [*gpu, *(_node(n, cpu="32", memory="128Gi", gpus=0) for n in CPU_NODES)]
+    cpu = [_node(n, cpu="32", memory="128Gi", gpus=0) for n in CPU_NODES]
+    if beside_real_node:
+        for node in cpu:
+            node["spec"]["taints"] = [FAKE_NODE_TAINT]
+    return [*gpu, *cpu]
 
 
 def stages(kwok_module: Path, storage_classes: Iterable[str]) -> list[dict[str, Any]]:
