@@ -51,7 +51,7 @@ images: $(STAMP) ## build the operator and trainer images (buildah, Debian bases
 	$(PY) hack/images.py
 
 CLUSTER_DIR ?= .cluster
-cluster: tools ## start a local cluster (real control plane, a real node, KubeRay, Kueue, fake GPU nodes) in .cluster/
+cluster: tools ## start a local cluster (real control plane, a real node with the images, KubeRay, Kueue, fake GPU nodes) in .cluster/
 	$(PY) -m tests.support.cluster up --dir $(CLUSTER_DIR)
 
 cluster-down: ## stop every process `make cluster` started

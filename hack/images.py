@@ -38,6 +38,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmtrain.constants import OPERATOR_IMAGE_REPOSITORY, TRAINER_IMAGE_REPOSITORY, VERSION
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SUITE = "bookworm"
 APT_SOURCES = Path("/etc/apt/sources.list.d/debian.sources")
@@ -85,10 +87,10 @@ BASES = {
 }
 
 IMAGES = {
-    "operator": Image("operator/Dockerfile", "ghcr.io/llmtrain/operator", {"PYTHON_IMAGE": "python"}),
+    "operator": Image("operator/Dockerfile", OPERATOR_IMAGE_REPOSITORY, {"PYTHON_IMAGE": "python"}),
     "trainer": Image(
         "trainer_image/Dockerfile",
-        "ghcr.io/llmtrain/trainer",
+        TRAINER_IMAGE_REPOSITORY,
         {"CUDA_DEVEL_IMAGE": "cuda-devel", "CUDA_RUNTIME_IMAGE": "cuda-runtime"},
         # PyPI's torch is the CUDA build (it runs on CPU too); the devel base has no nvcc.
         {"TORCH_INDEX": "https://pypi.org/simple", "DS_BUILD_FUSED_ADAM": "0"},
@@ -181,6 +183,12 @@ def ref(name: str, key: str | None = None) -> str:
     """The name the archive carries (org.opencontainers.image.ref.name), which `ctr images import`
     gives the image: the published repository, tagged with the content key."""
     return f"{IMAGES[name].repository}:local-{key or image_key(name)}"
+
+
+def published_ref(name: str) -> str:
+    """The name the chart's defaults run (`<repository>:<appVersion>`). A cluster with no registry
+    gets the local build under it too, so the README's `helm install` works there unchanged."""
+    return f"{IMAGES[name].repository}:{VERSION}"
 
 
 def archive_path(name: str, key: str | None = None) -> Path:

@@ -11,13 +11,15 @@ import hashlib
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
+from hack import images as built
 from tests.support.cluster import images, node
-from tests.support.cluster.cluster import Cluster
-from tests.support.cluster.steps import wait_for
+from tests.support.cluster.cluster import PLATFORM_NAMESPACE, Cluster
+from tests.support.cluster.steps import CHART, RELEASE, helm, wait_for
 
 
 @pytest.fixture(scope="session")
@@ -98,3 +100,36 @@ def busybox_pod(name: str, namespace: str, script: str, **spec: Any) -> dict[str
             }
         ),
     }
+
+
+@dataclass(frozen=True)
+class Release:
+    """The chart installed as a user would: the operator a pod from its image on the real node."""
+
+    namespace: str
+    operator_image: str
+    trainer_image: str
+    install_seconds: float
+
+
+@pytest.fixture(scope="session")
+def release(cluster: Cluster) -> Iterator[Release]:
+    """One install of the chart for the tier, as the README's `helm install` does it (no values):
+    both images are loaded into the node's containerd under the names the chart defaults to, as
+    `make cluster` loads them. The platform namespace (whose ServiceAccounts the audit log records)
+    enforces the restricted Pod Security profile."""
+    started = time.monotonic()
+    for name in ("operator", "trainer"):
+        cluster.load_image(built.ensure(name), aliases=[built.published_ref(name)])
+    labels = {"pod-security.kubernetes.io/enforce": "restricted"}
+    platform = {"name": PLATFORM_NAMESPACE, "labels": labels}
+    cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": platform}])
+    helm(cluster, "install", RELEASE, str(CHART), "-n", PLATFORM_NAMESPACE, "--wait", "--timeout=300s")
+    installed = time.monotonic() - started
+    print(f"\nimages loaded and chart installed in {installed:.1f} s")
+    try:
+        yield Release(
+            PLATFORM_NAMESPACE, built.published_ref("operator"), built.published_ref("trainer"), installed
+        )
+    finally:
+        helm(cluster, "uninstall", RELEASE, "-n", PLATFORM_NAMESPACE, "--wait", "--timeout=120s", check=False)

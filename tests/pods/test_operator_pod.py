@@ -13,11 +13,10 @@ import json
 import time
 from typing import Any
 
-from hack import images as built
-from tests.pods.conftest import busybox_pod, get, wait_for
+from tests.pods.conftest import Release, busybox_pod, get, wait_for
 from tests.support.cluster import node
 from tests.support.cluster.cluster import Cluster
-from tests.support.cluster.steps import CHART, RELEASE, apply_doc, cpu_job, helm, wait_phase
+from tests.support.cluster.steps import RELEASE, apply_doc, cpu_job, wait_phase
 
 OPERATOR = f"{RELEASE}-operator"
 METRICS_PORT = 9090
@@ -42,31 +41,12 @@ def _scraper(namespace: str, url: str) -> dict[str, Any]:
 
 
 def test_chart_runs_the_operator_image_as_a_pod_that_leads_serves_metrics_and_reconciles(
-    cluster: Cluster, namespace: str
+    cluster: Cluster, release: Release
 ) -> None:
+    # The release namespace enforces the restricted Pod Security profile: the Deployment's pod is
+    # admitted only with the chart's securityContext.
     started = time.monotonic()
-    cluster.load_image(built.ensure("operator"))
-    repository, tag = built.ref("operator").rsplit(":", 1)
-    # `namespace` enforces the restricted Pod Security profile: the Deployment's pod is admitted
-    # only with the chart's securityContext.
-    helm(
-        cluster,
-        "install",
-        RELEASE,
-        str(CHART),
-        "-n",
-        namespace,
-        "--set",
-        f"image.repository={repository}",
-        "--set",
-        f"image.tag={tag}",
-        "--set",
-        "image.pullPolicy=Never",
-        "--set-json",
-        "nodeSelector=" + json.dumps({node.REAL_NODE_LABEL: "true"}),
-        "--wait",
-        "--timeout=300s",
-    )
+    namespace = release.namespace
     jobs = _job_namespace(cluster, namespace)
     try:
         pods = json.loads(
@@ -127,7 +107,8 @@ def test_chart_runs_the_operator_image_as_a_pod_that_leads_serves_metrics_and_re
         scraped = cluster.kubectl("logs", "scraper", "-n", namespace).stdout
         assert SUSPENDED_GAUGE in scraped.splitlines(), scraped[-3000:]
     finally:
-        print(f"\noperator pod scenario in {time.monotonic() - started:.1f} s")
+        took = time.monotonic() - started
+        print(f"\noperator pod scenario in {took:.1f} s (+ install {release.install_seconds:.1f} s)")
         cluster.kubectl("delete", "llmtj", "--all", "-n", jobs, "--wait=false", check=False)
+        cluster.kubectl("delete", "pod", "scraper", "-n", namespace, "--wait=false", check=False)
         cluster.kubectl("delete", "namespace", jobs, "--wait=false", check=False)
-        helm(cluster, "uninstall", RELEASE, "-n", namespace, "--wait", "--timeout=120s", check=False)

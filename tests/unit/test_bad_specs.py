@@ -709,7 +709,10 @@ def test_every_accepted_cpu_lets_ray_place_every_process(gpus: int) -> None:
         accepted += 1
         per_process = cluster_trainer_config(job).scaling.cpus_per_worker
         assert per_process >= 0.5
-        assert int(per_process * 10_000) * max(gpus, 1) <= math.ceil(cpu_cores(cpu)) * 10_000, (cpu, gpus)
+        ray_cpus = math.ceil(cpu_cores(cpu))
+        assert int(per_process * 10_000) * max(gpus, 1) <= ray_cpus * 10_000, (cpu, gpus)
+        # ... and no more: one more process (another pod's) must not fit on this pod's Ray node.
+        assert per_process * (max(gpus, 1) + 1) > ray_cpus, (cpu, gpus, per_process)
     assert accepted
 
 

@@ -86,11 +86,13 @@ def _build(
 
 
 def _ray_cpus_per_process(cores: float, processes: int) -> float:
-    """The Ray CPUs each training process reserves: its share of the pod's cores, at least
-    MIN_CPUS_PER_PROCESS. KubeRay gives the worker's Ray node ceil(cores) CPUs and the spec refuses
-    cores below MIN_CPUS_PER_PROCESS x gpus, so the shares always fit; they are rounded down to
-    Ray's resource unit (1e-4) so that Ray's fixed-point rounding cannot push their sum past it."""
-    share = math.floor(cores / processes * _RAY_RESOURCE_UNITS) / _RAY_RESOURCE_UNITS
+    """The Ray CPUs each training process reserves: its share of the ceil(cores) CPUs KubeRay gives
+    the worker pod's Ray node, at least MIN_CPUS_PER_PROCESS. A share of the pod's own cores would
+    let Ray pack another pod's processes there (at cpu 500m, both processes of a 2-worker job on one
+    pod, found in real pods). The spec refuses cores below MIN_CPUS_PER_PROCESS x gpus, so the
+    shares always fit; they are rounded down to Ray's resource unit (1e-4) so that Ray's
+    fixed-point rounding cannot push their sum past the node's CPUs."""
+    share = math.floor(math.ceil(cores) / processes * _RAY_RESOURCE_UNITS) / _RAY_RESOURCE_UNITS
     return max(share, MIN_CPUS_PER_PROCESS)
 
 

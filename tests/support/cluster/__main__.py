@@ -1,5 +1,7 @@
 """`python -m tests.support.cluster up|down|status|load-image`: what `make cluster` and
-`make cluster-down` run; `load-image FILE...` imports OCI archives into the real node."""
+`make cluster-down` run; `load-image FILE...` imports OCI archives into the real node. `up` also
+loads the operator and trainer images `make images` built, under the names the chart defaults
+to, so the README's `helm install` and `kubectl apply` run there as written."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from hack import images as built
 from tests.support.cluster import processes
 from tests.support.cluster.cluster import Cluster, ClusterError, default_directory
 
@@ -46,6 +49,13 @@ def main() -> int:
     except ClusterError as e:
         print(f"cluster failed to start: {e}", file=sys.stderr)
         return 1
+    if cluster.real_node:
+        for name in built.IMAGES:
+            started = time.monotonic()
+            archive = built.ensure(name)
+            cluster.load_image(archive, aliases=[built.published_ref(name)])
+            took = time.monotonic() - started
+            print(f"image {built.published_ref(name)} ({archive.name}) ready in {took:.0f} s")
     kubeconfig = args.dir.resolve() / "kubeconfig"
     nodes = (
         "a real node (real-node-0: containerd, kubelet; label llmtrain.dev/real-node=true) and "

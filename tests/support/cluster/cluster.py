@@ -23,7 +23,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -80,7 +80,8 @@ STORAGE_CLASSES = ("kwok-volume", "shared-rwx")
 
 # What every ServiceAccount of the platform namespace (the operator's identities) asks the API
 # server, one JSON line per request once answered: how tests prove least privilege from the server's
-# side (tests/support/cluster/audit.py). Nobody else is logged.
+# side (tests/support/cluster/audit.py). Beside them only status writes by ServiceAccounts (the
+# trainers' progress reports) are logged.
 PLATFORM_NAMESPACE = "llmtrain-system"
 AUDIT_LOG = "audit.log"
 AUDIT_POLICY: dict[str, Any] = {
@@ -89,6 +90,12 @@ AUDIT_POLICY: dict[str, Any] = {
     "omitStages": ["RequestReceived", "ResponseStarted"],
     "rules": [
         {"level": "Metadata", "userGroups": [f"system:serviceaccounts:{PLATFORM_NAMESPACE}"]},
+        # And who writes a job's status: the trainer, from inside its pod, with the per-job token.
+        {
+            "level": "Metadata",
+            "userGroups": ["system:serviceaccounts"],
+            "resources": [{"group": "llmtrain.dev", "resources": ["llmtrainingjobs/status"]}],
+        },
         {"level": "None"},
     ],
 }
@@ -456,13 +463,14 @@ class Cluster:
         ca = (self.directory / "pki" / "ca.crt").read_bytes()
         return write_kubeconfig(path, self.server, ca_data=ca, token=token, namespace=namespace)
 
-    def load_image(self, archive: Path) -> bool:
+    def load_image(self, archive: Path, aliases: Sequence[str] = ()) -> bool:
         """Import an OCI image-layout (or docker-save) tar into the real node's containerd; False
-        when the image was there already (the shared store keeps images between sessions)."""
+        when the image was there already (the shared store keeps images between sessions).
+        `aliases` are further names for it (tagged in containerd)."""
         info = real_node_m.NodeInfo.load(self.directory)
         if info is None:
             raise ClusterError("this cluster has no real node (Cluster.up(..., real_node=True))")
-        return real_node_m.load_image(info, archive)
+        return real_node_m.load_image(info, archive, aliases)
 
     @property
     def audit_log(self) -> Path:

@@ -202,6 +202,11 @@ def remove(ctr: str, address: str, names: list[str]) -> None:
         _ctr(ctr, address, "images", "rm", *names)
 
 
+def tag(ctr: str, address: str, source: str, target: str) -> None:
+    """Give an image a second name (replacing what that name pointed at)."""
+    _ctr(ctr, address, "images", "tag", "--force", source, target)
+
+
 def import_archive(ctr: str, address: str, archive: Path, timeout: float | None = None) -> None:
     """`ctr -n k8s.io images import`: the CRI's namespace, unpacked for its snapshotter. Layer
     blobs are dropped once unpacked (containers run from the snapshots; a multi-GB trainer image

@@ -27,7 +27,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -289,20 +289,24 @@ def start(
     return info
 
 
-def load_image(info: NodeInfo, archive: Path) -> bool:
+def load_image(info: NodeInfo, archive: Path, aliases: Sequence[str] = ()) -> bool:
     """Import an archive unless its image (same name, same manifest) is already in the store;
     True when it was imported. Other tags of the same repository go: each build of the trainer
-    image has a tag of its own, and the shared store would otherwise keep every one (GBs each)."""
+    image has a tag of its own, and the shared store would otherwise keep every one (GBs each).
+    `aliases` are further names for it, such as the published name a chart defaults to."""
     name, digest = images.archive_image(archive)
     present = images.listed(info.ctr, info.containerd_address)
-    if name and present.get(name) == digest:
-        return False
-    images.import_archive(info.ctr, info.containerd_address, archive)
-    if name:
-        repository = name.rsplit(":", 1)[0]
-        older = [ref for ref in present if ref != name and ref.rsplit(":", 1)[0] == repository]
-        images.remove(info.ctr, info.containerd_address, older)
-    return True
+    imported = not (name and present.get(name) == digest)
+    if imported:
+        images.import_archive(info.ctr, info.containerd_address, archive)
+        if name:
+            repository = name.rsplit(":", 1)[0]
+            older = [ref for ref in present if ref != name and ref.rsplit(":", 1)[0] == repository]
+            images.remove(info.ctr, info.containerd_address, older)
+    for alias in aliases:
+        if name and (imported or present.get(alias) != digest):
+            images.tag(info.ctr, info.containerd_address, name, alias)
+    return imported
 
 
 def _take_image_store(node: Path) -> tuple[Path, int | None]:
