@@ -78,8 +78,8 @@ demo: $(STAMP) ## train examples/tiny-cpu.yaml locally on CPU (a few minutes)
 render-example: $(STAMP) ## print what the 8B FSDP example becomes in the cluster
 	$(BIN)/llmtrain render examples/llama3-8b-fsdp.yaml
 
-e2e: ## kind end-to-end test (needs docker, kind, helm, kubectl)
-	bash tests/e2e/run.sh
+e2e: $(STAMP) ## kind end-to-end test (needs docker, kind, helm, kubectl; uses .venv's llmtrain upload)
+	LLMTRAIN=$(BIN)/llmtrain bash tests/e2e/run.sh
 
 bench-operator: $(STAMP) tools ## operator throughput: 1,000 jobs on a real control plane (BENCH_ARGS="--rate 10")
 	$(PY) benchmarks/operator_throughput.py $(BENCH_ARGS)

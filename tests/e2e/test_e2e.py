@@ -3,13 +3,15 @@
 `test_kind_end_to_end` runs tests/e2e/run.sh (minutes; it builds images and trains a model) and
 skips, naming what is missing, when docker (with a reachable daemon), kind, helm or kubectl is not
 there. Everything else here needs none of them: shellcheck, the --dry-run command list, the kind
-config, the storage manifests and the job variant the script applies.
+config, the storage manifests, and that the script runs examples/tiny-cpu.yaml as its header says
+(the example's own `llmtrain upload` onto the claim it names, then the file unchanged).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -21,13 +23,15 @@ import kubernetes_validate
 import pytest
 import yaml
 from llmtrain.api.validation import parse_job
+from llmtrain.cli import build_parser
 from llmtrain.constants import EXPORT_DIR, JOB_LABEL, KUBERAY_VERSION
+from llmtrain.quantity import cpu_cores, parse_quantity
+from llmtrain.render import render
 from llmtrain.render.trainer_config import cluster_trainer_config, run_storage_path
 from llmtrain_trainer.rundir import CHECKPOINT_PREFIX
 
 from tests.chart.helm import KUBE_VERSIONS, ROOT
 from tests.chart.security import restricted_violations
-from tests.e2e import make_job
 
 E2E_DIR = Path(__file__).parent
 SCRIPT = E2E_DIR / "run.sh"
@@ -134,11 +138,12 @@ def dry_run(tmp_path_factory: pytest.TempPathFactory) -> str:
     """run.sh --dry-run with every tool replaced by a stub that records being called."""
     stubs = tmp_path_factory.mktemp("stubs")
     calls = stubs / "calls.log"
-    for tool in (*TOOLS, "python3"):
+    for tool in (*TOOLS, "llmtrain"):
         stub = stubs / tool
         stub.write_text(f'#!/bin/sh\necho "{tool} $*" >> "{calls}"\nexit 97\n')
         stub.chmod(0o755)
-    env = {**os.environ, "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}", "PYTHON": str(stubs / "python3")}
+    path = f"{stubs}{os.pathsep}{os.environ['PATH']}"
+    env = {**os.environ, "PATH": path, "LLMTRAIN": str(stubs / "llmtrain")}
     result = subprocess.run(
         ["bash", str(SCRIPT), "--dry-run"],
         cwd=E2E_DIR,  # the script must find the repository by itself
@@ -177,9 +182,11 @@ def test_dry_run_prints_every_step_in_order(dry_run: str) -> None:
         r".*--set image\.tag=e2e --set trainerImage\.tag=e2e .*--set kuberay\.requireCRDs=true",
         rf"^kubectl {context} -n llmtrain-system rollout status deployment/llmtrain-operator",
         rf"^kubectl {context} -n llmtrain-e2e apply -f tests/e2e/manifests/storage\.yaml",
-        rf"^kubectl {context} cp examples/data llmtrain-e2e/storage-shell:/mnt/llmtrain/data",
-        r"tests/e2e/make_job\.py --claim tiny-cpu-data examples/tiny-cpu\.yaml > ",
-        rf"^kubectl {context} -n llmtrain-e2e apply -f .*tiny-cpu\.yaml$",
+        r"/llmtrain upload examples/data --claim llmtrain-data --to data "
+        r"--image ghcr\.io/llmtrain/trainer:e2e --namespace llmtrain-e2e --context kind-llmtrain-e2e$",
+        rf"^kubectl {context} -n llmtrain-e2e exec storage-shell -c shell -- "
+        r"test -s /mnt/llmtrain/data/tiny-stories\.txt$",
+        rf"^kubectl {context} -n llmtrain-e2e apply -f examples/tiny-cpu\.yaml$",
         rf"^kubectl {context} -n llmtrain-e2e get llmtrainingjob tiny-cpu -o jsonpath=.*status\.phase",
         rf"^kubectl {context} -n llmtrain-e2e get llmtj$",
         rf"^kubectl {context} -n llmtrain-e2e get llmtrainingjob tiny-cpu -o jsonpath=.*metadata\.uid",
@@ -202,6 +209,31 @@ def test_dry_run_only_talks_to_the_kind_cluster(dry_run: str) -> None:
             assert command.startswith("kubectl --context kind-llmtrain-e2e "), command
         if command.startswith("helm "):
             assert command.startswith("helm --kube-context kind-llmtrain-e2e "), command
+        if Path(command.split()[0]).name == "llmtrain":
+            assert command.endswith(" --context kind-llmtrain-e2e"), command
+
+
+def example_upload_args() -> list[str]:
+    """The `llmtrain upload` command in examples/tiny-cpu.yaml's header, less the program name."""
+    lines = [line for line in EXAMPLE.read_text().splitlines() if re.match(r"#\s+llmtrain upload ", line)]
+    assert len(lines) == 1, "the example's header must show one `llmtrain upload` command"
+    return shlex.split(lines[0].lstrip("# "))[1:]
+
+
+def test_dry_run_uploads_the_data_as_the_example_says(dry_run: str) -> None:
+    """The script's upload is the example's own command, parsed by the real CLI: same source,
+    claim and folder; no --size (the ReadWriteOnce claim exists, so nothing ReadWriteMany is
+    created); the trainer image loaded into kind, the job's namespace and the kind context."""
+    (printed,) = [c for c in commands(dry_run) if " upload " in c]
+    ours = build_parser().parse_args(shlex.split(printed)[1:])
+    example = build_parser().parse_args(example_upload_args())
+    same = ("command", "source", "claim", "job", "to")
+    assert {k: getattr(ours, k) for k in same} == {k: getattr(example, k) for k in same}
+    assert example.size is not None and ours.size is None
+    assert ours.image == script_var("TRAINER_IMAGE")
+    assert ours.namespace == script_var("JOB_NS")
+    assert ours.context == "kind-llmtrain-e2e"
+    assert ours.to == script_var("DATA_DIR")
 
 
 def test_dry_run_says_it_is_one(dry_run: str) -> None:
@@ -218,7 +250,8 @@ def test_unknown_argument_fails() -> None:
 
 def test_help_documents_the_options() -> None:
     result = subprocess.run(["bash", str(SCRIPT), "--help"], capture_output=True, text=True, check=True)
-    for option in ("--dry-run", "--keep-cluster", "LLMTRAIN_E2E_CLUSTER", "LLMTRAIN_E2E_JOB_TIMEOUT"):
+    options = ("--dry-run", "--keep-cluster", "LLMTRAIN_E2E_CLUSTER", "LLMTRAIN_E2E_JOB_TIMEOUT", "LLMTRAIN ")
+    for option in options:
         assert option in result.stdout
 
 
@@ -230,13 +263,13 @@ def test_real_run_without_tools_fails_naming_them(tmp_path: Path) -> None:
         (bin_dir / tool).symlink_to(shutil.which(tool) or f"/bin/{tool}")
     result = subprocess.run(
         [str(bin_dir / "bash"), str(SCRIPT)],
-        env={"PATH": str(bin_dir)},
+        env={"PATH": str(bin_dir), "LLMTRAIN": "llmtrain"},
         capture_output=True,
         text=True,
         check=False,
     )
     assert result.returncode != 0
-    assert "missing tools: docker kind helm kubectl" in result.stderr
+    assert "missing tools: docker kind helm kubectl llmtrain " in result.stderr
 
 
 # --- the cluster config and the manifests it applies ------------------------------------------
@@ -303,42 +336,35 @@ def test_script_checks_what_the_trainer_writes_where_the_operator_points_it() ->
 
 def test_script_constants_match_the_example() -> None:
     example = yaml.safe_load(EXAMPLE.read_text())
+    assert script_var("EXAMPLE") == EXAMPLE.relative_to(ROOT).as_posix()
     assert script_var("JOB") == example["metadata"]["name"]
     assert script_var("KUBERAY_VERSION") == KUBERAY_VERSION
-    data = ROOT / "examples" / "data"
-    # The dataset path is relative to storage.mountPath; run.sh copies examples/data/ to <mount>/data.
-    assert (data.parent / example["spec"]["dataset"]["path"]).is_file()
-    assert example["spec"]["dataset"]["path"].startswith("data/")
+    # The claim the script creates, fills and inspects is the one the unchanged example mounts.
+    assert script_var("CLAIM") == example["spec"]["storage"]["claimName"]
+    assert parse_job(example).spec.storage.claim_name == script_var("CLAIM")
+    # The dataset path is relative to storage.mountPath; the upload puts examples/data/ at <mount>/data.
+    dataset = example["spec"]["dataset"]["path"]
+    assert dataset.startswith(script_var("DATA_DIR") + "/")
+    assert (ROOT / "examples" / dataset).is_file()
 
 
-def test_job_variant_uses_the_claim_and_changes_nothing_else(capsys: pytest.CaptureFixture[str]) -> None:
-    assert make_job.main(["--claim", "tiny-cpu-data", str(EXAMPLE)]) == 0
-    variant = yaml.safe_load(capsys.readouterr().out)
-    original = yaml.safe_load(EXAMPLE.read_text())
-    assert variant["spec"]["storage"] == {"claimName": "tiny-cpu-data"}
-    assert "create" in original["spec"]["storage"]
-    assert {k: v for k, v in variant["spec"].items() if k != "storage"} == {
-        k: v for k, v in original["spec"].items() if k != "storage"
-    }
-    assert {k: v for k, v in variant.items() if k != "spec"} == {
-        k: v for k, v in original.items() if k != "spec"
-    }
-    job = parse_job(variant)  # valid for the API server (schema and CEL rules)
-    assert job.spec.storage.claim_name == "tiny-cpu-data"
-    assert job.spec.storage.create is None
-
-
-def test_job_variant_keeps_a_custom_mount_path() -> None:
-    job = {"spec": {"storage": {"create": {"size": "1Gi"}, "mountPath": "/data"}, "model": {}}}
-    assert make_job.with_claim(job, "c")["spec"]["storage"] == {"claimName": "c", "mountPath": "/data"}
-    assert job["spec"]["storage"]["create"] == {"size": "1Gi"}, "the input must not be modified"
-
-
-def test_job_variant_script_runs_standalone() -> None:
-    result = subprocess.run(
-        [sys.executable, str(E2E_DIR / "make_job.py"), "--claim", "x", str(EXAMPLE)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert yaml.safe_load(result.stdout)["spec"]["storage"] == {"claimName": "x"}
+def test_header_states_what_the_job_requests() -> None:
+    """The Docker sizing in run.sh's header adds up the CPU and memory requests of the pods the
+    example becomes: the Ray head, every worker and KubeRay's submitter."""
+    metadata = {"name": "tiny-cpu", "namespace": "ns", "uid": "u"}
+    job = parse_job({**yaml.safe_load(EXAMPLE.read_text()), "metadata": metadata})
+    (rayjob,) = [o for o in render(job) if o["kind"] == "RayJob"]
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    pods = [(1, cluster["headGroupSpec"]["template"])]
+    pods += [(group["replicas"], group["template"]) for group in cluster["workerGroupSpecs"]]
+    pods.append((1, rayjob["spec"]["submitterPodTemplate"]))
+    requests = [
+        (count, container["resources"]["requests"])
+        for count, template in pods
+        for container in template["spec"]["containers"]
+    ]
+    cpus = sum(count * cpu_cores(r["cpu"]) for count, r in requests)
+    gib = sum(count * parse_quantity(r["memory"]) for count, r in requests) / 2**30
+    match = re.search(r"the job asks for ([\d.]+) CPUs and ([\d.]+) GiB", SCRIPT.read_text())
+    assert match, "run.sh's header must say what the job asks for"
+    assert (float(match.group(1)), float(match.group(2))) == (round(cpus, 2), round(float(gib), 2))
