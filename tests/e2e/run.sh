@@ -10,7 +10,7 @@
 # deletes the job, checks its RayJob is garbage-collected, and deletes the cluster.
 #
 # Needs docker, kind, helm, kubectl and the llmtrain CLI (`make install` puts it in .venv), and a
-# Docker host with about 4 CPUs and 8 GiB of memory: the job asks for 1.7 CPUs and 6.25 GiB (head,
+# Docker host with about 4 CPUs and 10 GiB of memory: the job asks for 1.7 CPUs and 7.25 GiB (head,
 # 2 workers and KubeRay's submitter); kind's control plane and the operators about 1.2 CPUs more.
 #
 # Usage: tests/e2e/run.sh [--dry-run] [--keep-cluster] [--help]
