@@ -116,7 +116,12 @@ print(json.dumps({{
                         "imagePullPolicy": "Never",
                         "command": ["python", "-c", script],
                         "env": [{"name": "HF_HOME", "value": "/tmp/hf"}, {"name": "HOME", "value": "/tmp"}],
-                        "resources": {"limits": {"cpu": "1", "memory": "2Gi"}},
+                        # Burstable: it fits beside a finished job's Ray pods until KubeRay
+                        # deletes them (the job's ttlSecondsAfterFinished).
+                        "resources": {
+                            "requests": {"cpu": "100m", "memory": "512Mi"},
+                            "limits": {"cpu": "1", "memory": "2Gi"},
+                        },
                         "securityContext": RESTRICTED,
                         "volumeMounts": [{"name": "storage", "mountPath": "/mnt/llmtrain", "readOnly": True}],
                     }
