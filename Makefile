@@ -15,7 +15,7 @@ DEEPSPEED_SPEC ?= deepspeed==0.19.8
 PYTEST_ARGS ?= -m "not e2e"
 
 .PHONY: help install test test-fast lock lint format generate demo render-example manifests e2e \
-        tools images cluster cluster-down bench-operator bench-trainer bench-gpu clean
+        tools images prepare cluster cluster-down bench-operator bench-trainer bench-gpu clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -32,8 +32,21 @@ $(STAMP): pyproject.toml constraints.txt operator/llmtrain/constants.py
 
 install: $(STAMP) ## create .venv and install llmtrain with every extra
 
-test: $(STAMP) tools ## run every test tier (unit, real cluster, trainer, chart, e2e checks)
+test: $(STAMP) prepare ## run every test tier (unit, real cluster, trainer, chart, e2e checks, real pods)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# On a cold machine the image builds wait on downloads (Debian packages, PyPI's 4 GB torch) while
+# Go compiles the cluster's binaries: side by side they overlap. The Debian packages both need come
+# first, one apt at a time.
+IMAGES_LOG ?= $(VENV)/images-build.log
+prepare: $(STAMP) ## build the cluster's binaries (tools) and the images side by side, as `make test` does
+	bash hack/install_node_deps.sh
+	$(PY) -c 'from hack import images; images.ensure_host_tools()'
+	@echo "building the images in the background (log: $(IMAGES_LOG))"
+	@$(PY) hack/images.py >$(IMAGES_LOG) 2>&1 & images=$$!; \
+	  $(PY) hack/tools/build_tools.py; tools=$$?; \
+	  if ! wait $$images; then tail -50 $(IMAGES_LOG); exit 1; fi; \
+	  tail -3 $(IMAGES_LOG); exit $$tools
 
 test-fast: $(STAMP) ## the inner loop (~1 min): lint, unit, chart, e2e script checks, trainer checks without Ray
 	$(BIN)/ruff check .

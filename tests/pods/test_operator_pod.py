@@ -13,10 +13,10 @@ import json
 import time
 from typing import Any
 
-from tests.pods.conftest import Release, busybox_pod, get, wait_for
+from tests.pods.conftest import Release, busybox_pod, get
 from tests.support.cluster import node
 from tests.support.cluster.cluster import Cluster
-from tests.support.cluster.steps import RELEASE, apply_doc, cpu_job, wait_phase
+from tests.support.cluster.steps import RELEASE, apply_doc, cpu_job, wait_for, wait_phase
 
 OPERATOR = f"{RELEASE}-operator"
 METRICS_PORT = 9090

@@ -13,9 +13,10 @@ import json
 import urllib.request
 from typing import Any
 
-from tests.pods.conftest import busybox_pod, get, wait_for
+from tests.pods.conftest import busybox_pod, get
 from tests.support.cluster import nodes
 from tests.support.cluster.cluster import Cluster
+from tests.support.cluster.steps import wait_for
 
 DASHBOARD_PORT = 8265
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tests.pods.conftest import busybox_pod, get, wait_for
+from tests.pods.conftest import busybox_pod, get
 from tests.support.cluster import images, node
 from tests.support.cluster.cluster import Cluster
+from tests.support.cluster.steps import wait_for
 
 
 def _phase(cluster: Cluster, name: str, namespace: str) -> str:

@@ -1,0 +1,177 @@
+"""Steps the real-pod scenarios share: seed the data as the README says, apply a job, watch what
+`kubectl get llmtj` and the pods show until it ends, and read the run's files back from the volume
+through a pod."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.pods.conftest import Release, busybox_pod, get
+from tests.support.cluster.cluster import Cluster
+from tests.support.cluster.steps import table
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO_ROOT / "examples" / "tiny-cpu.yaml"
+LLMTRAIN = Path(sys.executable).with_name("llmtrain")
+MOUNT = "/mnt/llmtrain"
+JOB_TIMEOUT = 900
+TERMINAL = ("Succeeded", "Failed")
+
+
+def example() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    return loaded
+
+
+def variant(name: str, **overrides: dict[str, Any]) -> dict[str, Any]:
+    """The example under another name, with some spec sections merged over (one level deep)."""
+    job = copy.deepcopy(example())
+    job["metadata"]["name"] = name
+    for section, values in overrides.items():
+        job["spec"][section] = {**job["spec"].get(section, {}), **values}
+    return job
+
+
+def llmtrain(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [str(LLMTRAIN), *args, "--kubeconfig", str(cluster.kubeconfig)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
+    assert result.returncode == 0, f"{' '.join(cmd)}:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def seed_data(cluster: Cluster, release: Release, namespace: str) -> None:
+    """The README's `llmtrain upload examples/data --claim llmtrain-data --size 1Gi --to data`."""
+    claim = example()["spec"]["storage"]["claimName"]
+    llmtrain(
+        cluster,
+        "upload",
+        "examples/data",
+        "--claim",
+        claim,
+        "--size",
+        "1Gi",
+        "--to",
+        "data",
+        "-n",
+        namespace,
+        "--image",
+        release.trainer_image,
+    )
+
+
+def apply_job(cluster: Cluster, namespace: str, job: dict[str, Any]) -> None:
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(job))
+
+
+@dataclass
+class Watch:
+    """What was seen while a job ran: its `kubectl get llmtj` rows, its status, and its pods."""
+
+    namespace: str
+    name: str
+    rows: list[dict[str, str]] = field(default_factory=list)
+    statuses: list[dict[str, Any]] = field(default_factory=list)
+    running_pods: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> pod, once Running
+    submitter_succeeded: bool = False
+
+    def look(self, cluster: Cluster) -> str:
+        """One look; the phase."""
+        rows = table(cluster.kubectl("get", "llmtj", self.name, "-n", self.namespace, check=False).stdout)
+        if rows and (not self.rows or rows[0] != self.rows[-1]):
+            self.rows.append(rows[0])
+        job = get(cluster, "llmtj", self.name, self.namespace)
+        status = job.get("status") or {}
+        if not self.statuses or status != self.statuses[-1]:
+            self.statuses.append(status)
+        pods = json.loads(cluster.kubectl("get", "pods", "-n", self.namespace, "-o", "json").stdout)["items"]
+        for pod in pods:
+            if pod["status"].get("phase") == "Running":
+                self.running_pods.setdefault(pod["metadata"]["name"], pod)
+        jobs = json.loads(cluster.kubectl("get", "jobs", "-n", self.namespace, "-o", "json").stdout)["items"]
+        self.submitter_succeeded |= any((j.get("status") or {}).get("succeeded") for j in jobs)
+        return str(status.get("phase") or "")
+
+    def until(
+        self,
+        cluster: Cluster,
+        done: Callable[[str], bool],
+        *,
+        timeout: float = JOB_TIMEOUT,
+        what: str = "the job to finish",
+    ) -> str:
+        """Look every 2 s until `done(phase)`; the phase. Fails with the job's story otherwise."""
+        deadline = time.monotonic() + timeout
+        while True:
+            phase = self.look(cluster)
+            if done(phase):
+                return phase
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what} (phase {phase!r})\n{self.story(cluster)}")
+            time.sleep(2)
+
+    def progress(self) -> list[tuple[int, float]]:
+        """(step, loss) of each distinct row that shows both, in the order seen."""
+        return [
+            (int(row["PROGRESS"].split("/")[0]), float(row["LOSS"]))
+            for row in self.rows
+            if row.get("PROGRESS") and row.get("LOSS")
+        ]
+
+    def pods_of_type(self, node_type: str) -> list[dict[str, Any]]:
+        return [
+            p
+            for p in self.running_pods.values()
+            if p["metadata"].get("labels", {}).get("ray.io/node-type") == node_type
+        ]
+
+    def story(self, cluster: Cluster) -> str:
+        """The job, its RayJob and pods, its status and the Ray logs: for a failure message."""
+        ns = self.namespace
+        parts = [cluster.kubectl("get", "llmtj,rayjob,pods", "-n", ns, "-o", "wide", check=False).stdout]
+        parts.append(json.dumps(self.statuses[-1] if self.statuses else {}))
+        for selector in ("ray.io/node-type=head", "batch.kubernetes.io/job-name"):
+            logs = cluster.kubectl("logs", "-n", ns, "-l", selector, "--tail=40", check=False)
+            parts.append(logs.stdout + logs.stderr)
+        return "\n".join(parts)[-8000:]
+
+
+def run_dir(namespace: str, name: str, uid: str) -> str:
+    return f"{MOUNT}/runs/{namespace}/{name}/{uid}"
+
+
+def run_pod(cluster: Cluster, pod: dict[str, Any], timeout: float = 300) -> str:
+    """Create a pod, wait for it to end, delete it; its log. Fails unless it Succeeded."""
+    name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
+    cluster.apply([pod])
+    deadline = time.monotonic() + timeout
+    while (phase := get(cluster, "pod", name, namespace)["status"].get("phase")) not in TERMINAL:
+        assert time.monotonic() < deadline, f"pod {name} did not finish ({phase})"
+        time.sleep(2)
+    logs = cluster.kubectl("logs", name, "-n", namespace).stdout
+    cluster.kubectl("delete", "pod", name, "-n", namespace, "--wait=false")
+    assert phase == "Succeeded", logs[-3000:]
+    return logs
+
+
+def read_result(cluster: Cluster, namespace: str, directory: str) -> dict[str, Any]:
+    """The run's result.json, read by a busybox pod mounting the claim read-only."""
+    claim = example()["spec"]["storage"]["claimName"]
+    pod = busybox_pod(
+        "result-reader",
+        namespace,
+        f"cat {directory}/result.json",
+        volumes=[{"name": "storage", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}],
+        mounts=[{"name": "storage", "mountPath": MOUNT, "readOnly": True}],
+    )
+    result: dict[str, Any] = json.loads(run_pod(cluster, pod))
+    return result

@@ -1,0 +1,134 @@
+"""One job's life in real pods (issue #21, scenarios 3 and 4), in one run to keep the tier short:
+each Ray cluster start costs minutes on two cores.
+
+1. A worker pod is deleted mid-training: KubeRay re-creates it, Ray Train restarts its worker group
+   (`runPolicy.maxWorkerFailures`) and the trainer resumes from the last checkpoint on the shared
+   volume, losing at most one checkpoint interval, the loss carrying on.
+2. Suspend removes every Ray pod; resume continues from the checkpoint taken before.
+3. Deleting the job and applying it again under the same name starts a new run: it does not
+   silently resume (or report) the old one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+from tests.pods import jobs
+from tests.pods.conftest import Release, get
+from tests.support.cluster.cluster import Cluster
+
+NAME = "tiny-cpu-life"
+EVERY = 20
+STEPS = 100
+
+
+def _progress(status: dict[str, Any]) -> dict[str, Any]:
+    return status.get("progress") or {}
+
+
+def _checkpoint_step(status: dict[str, Any]) -> int:
+    return int((_progress(status).get("lastCheckpoint") or {}).get("step") or 0)
+
+
+def _step(status: dict[str, Any]) -> int:
+    return int(_progress(status).get("step") or 0)
+
+
+def _ray_pods(cluster: Cluster, namespace: str) -> list[str]:
+    out = cluster.kubectl("get", "pods", "-n", namespace, "-l", "ray.io/node-type", "-o", "name")
+    return out.stdout.split()
+
+
+def _resumed_steps(cluster: Cluster, namespace: str) -> list[int]:
+    """The trainer's `[resumed] step N/...` records in the submitter's log (the driver's output)."""
+    logs = cluster.kubectl("logs", "-n", namespace, "-l", "batch.kubernetes.io/job-name", "--tail=-1")
+    return [int(s) for s in re.findall(r"\[resumed\] step (\d+)/", logs.stdout)]
+
+
+def test_worker_loss_suspend_resume_and_recreate_in_real_pods(
+    cluster: Cluster, release: Release, namespace: str
+) -> None:
+    started = time.monotonic()
+    jobs.seed_data(cluster, release, namespace)
+    job = jobs.variant(
+        NAME,
+        training={"maxSteps": STEPS, "logEverySteps": 5},
+        checkpoint={"everySteps": EVERY, "keep": 2},
+    )
+    jobs.apply_job(cluster, namespace, job)
+    watch = jobs.Watch(namespace, NAME)
+
+    # 1. Past the first checkpoint, a worker pod goes.
+    watch.until(
+        cluster,
+        lambda _: _checkpoint_step(watch.statuses[-1]) >= EVERY and _step(watch.statuses[-1]) > EVERY,
+        what="the first checkpoint",
+    )
+    before = watch.statuses[-1]
+    step_at_kill, checkpoint_at_kill = _step(before), _checkpoint_step(before)
+    loss_at_kill = float(_progress(before)["loss"])
+    (victim, *_) = watch.pods_of_type("worker")
+    cluster.kubectl("delete", "pod", victim["metadata"]["name"], "-n", namespace, "--wait=false")
+    killed = time.monotonic()
+    # Training goes on to a checkpoint beyond the one it resumed from.
+    watch.until(
+        cluster,
+        lambda _: _checkpoint_step(watch.statuses[-1]) > checkpoint_at_kill,
+        what="a checkpoint after the worker was replaced",
+    )
+    resumed_after_kill = time.monotonic()
+    assert len(watch.pods_of_type("worker")) == 3, sorted(watch.running_pods)  # KubeRay replaced it
+    (resumed,) = _resumed_steps(cluster, namespace)
+    assert checkpoint_at_kill <= resumed <= step_at_kill and step_at_kill - resumed <= EVERY, (
+        resumed,
+        checkpoint_at_kill,
+        step_at_kill,
+    )
+    # The loss carried on from where it was, far below an untrained model's (ln 384 = 5.95).
+    after = [
+        float(_progress(s)["loss"])
+        for s in watch.statuses[watch.statuses.index(before) + 1 :]
+        if _progress(s).get("loss") is not None and _step(s) > resumed
+    ]
+    assert after and after[0] < min(loss_at_kill * 1.5, 5.0), (loss_at_kill, after[:5])
+
+    # 2. Suspend: every Ray pod goes, the checkpoints stay; resume continues from the last one.
+    cluster.kubectl("patch", "llmtj", NAME, "-n", namespace, "--type=merge", "-p", _suspend(True))
+    watch.until(
+        cluster, lambda phase: phase == "Suspended" and not _ray_pods(cluster, namespace), what="suspend"
+    )
+    suspended_at = _checkpoint_step(watch.statuses[-1])
+    assert suspended_at > checkpoint_at_kill, watch.statuses[-1]
+    cluster.kubectl("patch", "llmtj", NAME, "-n", namespace, "--type=merge", "-p", _suspend(False))
+    phase = watch.until(cluster, lambda phase: phase in jobs.TERMINAL)
+    assert phase == "Succeeded", watch.story(cluster)
+    first = get(cluster, "llmtj", NAME, namespace)
+    result = jobs.read_result(cluster, namespace, jobs.run_dir(namespace, NAME, first["metadata"]["uid"]))
+    assert result["resumed_from_step"] == suspended_at, (result, suspended_at)
+    assert result["finished"] and result["steps"] == STEPS, result
+    finished = time.monotonic()
+
+    # 3. Delete and apply again under the same name: a new run from step 0 in a new run folder.
+    cluster.kubectl("delete", "llmtj", NAME, "-n", namespace, "--wait=true", timeout=120)
+    jobs.apply_job(cluster, namespace, job)
+    again = jobs.Watch(namespace, NAME)
+    again.until(cluster, lambda _: _step(again.statuses[-1]) > 0, what="the new run's first steps")
+    second = get(cluster, "llmtj", NAME, namespace)
+    assert second["metadata"]["uid"] != first["metadata"]["uid"]
+    phases = [s.get("phase") for s in again.statuses]
+    assert "Succeeded" not in phases, phases
+    assert 0 < _step(again.statuses[-1]) < EVERY, again.statuses[-1]  # not the old run's 100
+    assert _resumed_steps(cluster, namespace) == [], "the re-created job resumed the old run"
+    print(
+        f"\nkill at {step_at_kill} (checkpoint {checkpoint_at_kill}) -> resumed {resumed} in "
+        f"{resumed_after_kill - killed:.0f} s; suspended at {suspended_at}, finished "
+        f"{finished - resumed_after_kill:.0f} s later; re-created run stepping after "
+        f"{time.monotonic() - finished:.0f} s; scenario {time.monotonic() - started:.0f} s"
+    )
+
+
+def _suspend(value: bool) -> str:
+    return json.dumps({"spec": {"runPolicy": {"suspend": value}}})
