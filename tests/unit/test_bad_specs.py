@@ -348,6 +348,33 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
         True,
     ),
     (
+        "env-token-as-a-literal",
+        spec("network", {"env": [{"name": "WANDB_API_KEY", "value": "0123456789abcdef"}]}),
+        "network.env",
+        True,
+    ),
+    (
+        "env-value-and-secret",
+        spec(
+            "network",
+            {"env": [{"name": "X", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]},
+        ),
+        "network.env",
+        True,
+    ),
+    (
+        "tracking-without-a-tracker",
+        spec("tracking", {"runName": "r"}),
+        "tracking",
+        True,
+    ),
+    (
+        "tracking-mlflow-file-store",
+        spec("tracking", {"mlflow": {"trackingUri": "file:///mnt/mlruns"}}),
+        "tracking.mlflow.trackingUri",
+        True,
+    ),
+    (
         "env-autoscaler-v2",
         spec("network", {"env": [{"name": "RAY_enable_autoscaler_v2", "value": "1"}]}),
         "network.env",
