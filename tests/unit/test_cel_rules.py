@@ -458,6 +458,7 @@ def test_immutable_fields_and_mutable_ones() -> None:
         "training",
         "checkpoint",
         "resumeFrom",
+        "tracking",
         "trainer",
         "resources",
         "storage",
