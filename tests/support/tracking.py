@@ -102,18 +102,23 @@ def mlflow_history(url: str, run_id: str, metric: str) -> dict[int, float]:
     return {m.step: m.value for m in history}
 
 
-def tensorboard_scalars(log_dir: Path) -> dict[str, dict[int, float]]:
-    """Tag → step → value of every scalar in the folder's event files, by TensorBoard's reader."""
+def tensorboard_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Tag → (step, value) of every scalar in the folder's event files, in the order written, by
+    TensorBoard's reader (a step written twice shows twice)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     accumulator = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
     accumulator.Reload()
-    found: dict[str, dict[int, float]] = {}
-    for tag in accumulator.Tags()["scalars"]:
-        events = accumulator.Scalars(tag)
-        found[tag] = {e.step: e.value for e in events}
-        assert len(found[tag]) == len(events), f"{tag} written twice for a step"
-    return found
+    return {
+        tag: [(e.step, e.value) for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]
+    }
+
+
+def once_per_step(points: list[tuple[int, float]]) -> dict[int, float]:
+    """Step → value of a series that must hold each step once."""
+    steps = [step for step, _ in points]
+    assert len(steps) == len(set(steps)), f"a step written twice: {sorted(steps)}"
+    return dict(points)
 
 
 def tensorboard_texts(log_dir: Path) -> dict[str, str]:

@@ -671,6 +671,32 @@ ACCEPTED: list[tuple[str, Any]] = [
     ("resources.cpu", "4"),  # exactly half a core for each of the 8 GPU processes
     ("resources.memory", "+64Gi"),
     ("resources.head.cpu", "500m"),
+    # Every tracker, credentials from Secrets; credential-looking names with a Secret or no value.
+    (
+        "tracking",
+        {
+            "runName": "r",
+            "mlflow": {
+                "trackingUri": "https://mlflow.example:5000/x",
+                "tokenSecretRef": {"name": "m", "key": "t"},
+            },
+            "wandb": {
+                "project": "p",
+                "entity": "e",
+                "mode": "offline",
+                "apiKeySecretRef": {"name": "w", "key": "k"},
+            },
+            "tensorboard": {},
+        },
+    ),
+    (
+        "network.env",
+        [
+            {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "w", "key": "k"}}},
+            {"name": "HF_TOKEN"},
+            {"name": "TOKENIZERS_PARALLELISM", "value": "false"},
+        ],
+    ),
 ]
 
 

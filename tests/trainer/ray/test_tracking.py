@@ -30,6 +30,7 @@ from tests.support.tracking import (
     mlflow_history,
     mlflow_runs,
     mlflow_server,
+    once_per_step,
     tensorboard_scalars,
     wandb_offline_history,
     wandb_offline_runs,
@@ -64,6 +65,11 @@ def tracked_job(example: str, folder: Path, mlflow_url: str, experiment: str, **
     job_file = folder / f"{experiment}.yaml"
     job_file.write_text(yaml.safe_dump(document))
     return load_job_config(job_file, folder / "runs", use_gpu=False)
+
+
+def wandb_series(rows: list[dict[str, Any]], key: str) -> dict[int, float]:
+    """Step → value of one key of W&B history rows, plotted against train/global_step."""
+    return once_per_step([(row["train/global_step"], row[key]) for row in rows if key in row])
 
 
 def by_step(values: dict[int, float]) -> dict[int, Any]:
@@ -152,17 +158,14 @@ def test_a_builtin_run_reaches_mlflow_wandb_and_tensorboard_from_rank_0_only(
     assert run.data.params["dataset.validationSplit"] == "0.1"
 
     scalars = tensorboard_scalars(tensorboard_dir(Path(config.run_dir)))
-    assert scalars["train/loss"] == by_step(trained)
-    assert scalars["eval/loss"] == by_step(validations)
-    assert set(range(2, STEPS + 1)) <= set(scalars["train/tokens_per_second"]) <= set(trained)
+    assert once_per_step(scalars["train/loss"]) == by_step(trained)
+    assert once_per_step(scalars["eval/loss"]) == by_step(validations)
+    assert set(range(2, STEPS + 1)) <= set(once_per_step(scalars["train/tokens_per_second"])) <= set(trained)
 
     (run_file,) = wandb_offline_runs(Path(config.run_dir))
     rows, wandb_config = wandb_offline_history(run_file)
-    logged = {row["train/global_step"]: row["train/loss"] for row in rows if "train/loss" in row}
-    assert logged == by_step(trained)
-    assert {row["train/global_step"]: row["eval/loss"] for row in rows if "eval/loss" in row} == by_step(
-        validations
-    )
+    assert wandb_series(rows, "train/loss") == by_step(trained)
+    assert wandb_series(rows, "eval/loss") == by_step(validations)
     assert wandb_config["llmtrain"]["training"]["maxSteps"] == STEPS
 
 
@@ -187,8 +190,8 @@ def test_the_hf_mode_logs_through_its_own_report_to_into_the_same_tracker_runs(
     assert params["trainer.type"] == "huggingface"  # the llmtrain config, by the sink
 
     scalars = tensorboard_scalars(tensorboard_dir(Path(config.run_dir)))
-    assert scalars["train/loss"] == by_step(trained)
-    assert set(range(2, STEPS + 1)) <= set(scalars["train/tokens_per_second"])
+    assert once_per_step(scalars["train/loss"]) == by_step(trained)
+    assert set(range(2, STEPS + 1)) <= set(once_per_step(scalars["train/tokens_per_second"]))
 
     (run_file,) = wandb_offline_runs(Path(config.run_dir))
     rows, wandb_config = wandb_offline_history(run_file)
@@ -197,3 +200,39 @@ def test_the_hf_mode_logs_through_its_own_report_to_into_the_same_tracker_runs(
         r["train/global_step"] for r in rows if "train/tokens_per_second" in r
     }
     assert wandb_config["per_device_train_batch_size"] == 8 and "llmtrain" in wandb_config
+
+
+def test_a_custom_function_s_reports_reach_the_trackers(
+    ray_address: str, mlflow_url: str, tmp_path: Path
+) -> None:
+    """The user's `ctx.report` goes through the same sinks: the loss and learning rate it reports."""
+    config = tracked_job(
+        "tiny-cpu-custom.yaml",
+        tmp_path,
+        mlflow_url,
+        "custom",
+        trainer={
+            "type": "custom",
+            "custom": {"function": "tiny_train:train", "path": str(REPO / "examples" / "custom")},
+        },
+        tracking={"mlflow": {"trackingUri": mlflow_url, "experiment": "custom"}, "tensorboard": {}},
+    )
+    run_training(config, LoopOptions(log_lines=False))
+    trained = losses(config)
+    assert sorted(trained) == list(range(1, STEPS + 1))
+
+    (run,) = mlflow_runs(mlflow_url, "custom")
+    assert run.info.status == "FINISHED"
+    assert mlflow_history(mlflow_url, run.info.run_id, "loss") == by_step(trained)
+    rate = config.training.learning_rate
+    assert mlflow_history(mlflow_url, run.info.run_id, "learning_rate") == {
+        s: pytest.approx(rate) for s in trained
+    }
+    assert params_of(run)["trainer.custom.function"] == "tiny_train:train"
+    scalars = tensorboard_scalars(tensorboard_dir(Path(config.run_dir)))
+    assert once_per_step(scalars["train/loss"]) == by_step(trained)
+
+
+def params_of(run: Any) -> dict[str, str]:
+    params: dict[str, str] = run.data.params
+    return params
