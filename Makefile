@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml constraints.txt operator/llmtrain/constants.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -c constraints.txt --upgrade pip wheel setuptools
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[operator,train,dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[operator,train,track,dev]'
 	# DeepSpeed's build imports torch, so it must see the installed one (no build isolation).
 	DS_BUILD_OPS=0 $(PY) -m pip install --quiet -c constraints.txt --no-build-isolation "$(DEEPSPEED_SPEC)"
 	touch $(STAMP)

@@ -348,6 +348,33 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
         True,
     ),
     (
+        "env-token-as-a-literal",
+        spec("network", {"env": [{"name": "WANDB_API_KEY", "value": "0123456789abcdef"}]}),
+        "network.env",
+        True,
+    ),
+    (
+        "env-value-and-secret",
+        spec(
+            "network",
+            {"env": [{"name": "X", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]},
+        ),
+        "network.env",
+        True,
+    ),
+    (
+        "tracking-without-a-tracker",
+        spec("tracking", {"runName": "r"}),
+        "tracking",
+        True,
+    ),
+    (
+        "tracking-mlflow-file-store",
+        spec("tracking", {"mlflow": {"trackingUri": "file:///mnt/mlruns"}}),
+        "tracking.mlflow.trackingUri",
+        True,
+    ),
+    (
         "env-autoscaler-v2",
         spec("network", {"env": [{"name": "RAY_enable_autoscaler_v2", "value": "1"}]}),
         "network.env",
@@ -644,6 +671,32 @@ ACCEPTED: list[tuple[str, Any]] = [
     ("resources.cpu", "4"),  # exactly half a core for each of the 8 GPU processes
     ("resources.memory", "+64Gi"),
     ("resources.head.cpu", "500m"),
+    # Every tracker, credentials from Secrets; credential-looking names with a Secret or no value.
+    (
+        "tracking",
+        {
+            "runName": "r",
+            "mlflow": {
+                "trackingUri": "https://mlflow.example:5000/x",
+                "tokenSecretRef": {"name": "m", "key": "t"},
+            },
+            "wandb": {
+                "project": "p",
+                "entity": "e",
+                "mode": "offline",
+                "apiKeySecretRef": {"name": "w", "key": "k"},
+            },
+            "tensorboard": {},
+        },
+    ),
+    (
+        "network.env",
+        [
+            {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "w", "key": "k"}}},
+            {"name": "HF_TOKEN"},
+            {"name": "TOKENIZERS_PARALLELISM", "value": "false"},
+        ],
+    ),
 ]
 
 

@@ -248,6 +248,32 @@ CASES.update(
         _rule("network.env cannot set RAY_REDIS_ADDRESS"): [
             ({"name": "NCCL_DEBUG"}, {"name": "REDIS_PASSWORD"}, None),
         ],
+        _rule("network.env takes value or valueFrom, not both"): [
+            (
+                {"name": "X", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+                {"name": "X", "value": "v", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+                None,
+            ),
+        ],
+        _rule("network.env names that look like a credential"): [
+            (
+                {"name": "TOKENIZERS_PARALLELISM", "value": "false"},
+                {"name": "HF_TOKEN", "value": "hf_x"},
+                None,
+            ),
+            (
+                {"name": "MLFLOW_TRACKING_USERNAME", "value": "me"},
+                {"name": "mlflow_tracking_password", "value": "p"},
+                None,
+            ),
+            (
+                {"name": "AWS_ACCESS_KEY_ID", "value": ""},
+                {"name": "AWS_SECRET_ACCESS_KEY", "value": "k"},
+                None,
+            ),
+            ({"name": "WANDB_API_KEY"}, {"name": "WANDB_API_KEY", "value": "k"}, None),
+        ],
+        _rule("tracking needs at least one of"): [({"tensorboard": {}}, {"runName": "r"}, None)],
         _rule("network.env cannot turn on RAY_enable_autoscaler_v2"): [
             (
                 {"name": "RAY_enable_autoscaler_v2", "value": "0"},
@@ -432,6 +458,7 @@ def test_immutable_fields_and_mutable_ones() -> None:
         "training",
         "checkpoint",
         "resumeFrom",
+        "tracking",
         "trainer",
         "resources",
         "storage",

@@ -128,3 +128,28 @@ def test_the_base_images_can_be_pinned_by_digest() -> None:
         assert bases and all(re.fullmatch(r"\$\{[A-Z_]+\}", b) for b in bases), (dockerfile, bases)
         for base in set(bases):
             assert re.search(rf"^ARG {base[2:-1]}=\S+:\S+$", text, flags=re.MULTILINE), (dockerfile, base)
+
+
+def test_the_trainer_image_and_make_install_get_the_tracking_clients() -> None:
+    """spec.tracking's clients (the [track] extra) are in the requirements the trainer image
+    installs (its Dockerfile's own one-liner, run here on pyproject.toml) and in `make install`."""
+    dockerfile = (REPO_ROOT / "trainer_image" / "Dockerfile").read_text()
+    (one_liner,) = re.findall(r"python -c '([^']*optional-dependencies[^']*)' > requirements.txt", dockerfile)
+    import contextlib
+    import io
+    import os
+
+    printed = io.StringIO()
+    cwd = os.getcwd()
+    os.chdir(REPO_ROOT)
+    try:
+        with contextlib.redirect_stdout(printed):
+            exec(one_liner, {})
+    finally:
+        os.chdir(cwd)
+    requirements = set(printed.getvalue().split("\n"))
+    track = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"][
+        "track"
+    ]
+    assert track and set(track) <= requirements, set(track) - requirements
+    assert re.search(r"-e '\.\[[^]]*\btrack\b[^]]*\]'", (REPO_ROOT / "Makefile").read_text())

@@ -255,6 +255,54 @@ def test_hf_token_only_by_secret_reference() -> None:
     assert "value" not in env_of(pods(rj)[0])["HF_TOKEN"]
 
 
+def test_tracking_credentials_and_secret_env_reach_head_and_workers_as_references_only() -> None:
+    """spec.tracking's token and API key and a network.env entry with valueFrom become
+    secretKeyRef entries of the head's and the workers' container; no object the operator writes
+    (pods, ConfigMap) holds a value for them, and the TrainerConfig carries the tracking block."""
+    doc = _gpu_job(
+        tracking={
+            "mlflow": {"trackingUri": "http://mlflow:5000", "tokenSecretRef": {"name": "ml", "key": "token"}},
+            "wandb": {"project": "p", "apiKeySecretRef": {"name": "wb", "key": "key"}},
+            "tensorboard": {},
+        },
+        network={
+            "env": [
+                {
+                    "name": "MLFLOW_TRACKING_PASSWORD",
+                    "valueFrom": {"secretKeyRef": {"name": "ml", "key": "pw"}},
+                }
+            ]
+        },
+    )
+    objects = _by_kind(render(_job(doc)))
+    expected = {
+        "MLFLOW_TRACKING_TOKEN": ("ml", "token"),
+        "WANDB_API_KEY": ("wb", "key"),
+        "MLFLOW_TRACKING_PASSWORD": ("ml", "pw"),
+    }
+    for pod in pods(objects["RayJob"]):
+        env = env_of(pod)
+        for name, (secret, key) in expected.items():
+            assert env[name] == {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+    config = TrainerConfig.model_validate_json(objects["ConfigMap"]["data"][CONFIG_FILENAME])
+    assert config.tracking is not None and config.tracking.backends() == ["mlflow", "wandb", "tensorboard"]
+    assert config.tracking.mlflow is not None and config.tracking.mlflow.tracking_uri == "http://mlflow:5000"
+
+
+def test_network_env_overrides_a_derived_secret_reference() -> None:
+    """A network.env entry of the same name replaces the tracking block's reference (one entry)."""
+    doc = _gpu_job(
+        tracking={"wandb": {"project": "p", "apiKeySecretRef": {"name": "wb", "key": "key"}}},
+        network={
+            "env": [{"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "other", "key": "k"}}}]
+        },
+    )
+    for pod in pods(rayjob(doc)):
+        names = [e["name"] for e in pod["containers"][0]["env"]]
+        assert names.count("WANDB_API_KEY") == 1
+        assert env_of(pod)["WANDB_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "other"
+
+
 def test_nccl_profile_env_with_overrides_winning() -> None:
     for pod in pods(rayjob(_gpu_job())):
         env = {k: v.get("value") for k, v in env_of(pod).items()}

@@ -37,6 +37,7 @@ def check(config: TrainerConfig) -> None:
     """Raise PreflightError on the first problem found."""
     try:
         _check_strategy(config)
+        _check_tracking(config)
         _check_dataset(config)
         hf_config = models.model_config(config.model)
         models.check_causal_lm(hf_config)
@@ -66,6 +67,18 @@ def _check_strategy(config: TrainerConfig) -> None:
             import deepspeed  # noqa: F401
         except ImportError as exc:
             raise PreflightError(f"strategy.type deepspeed: DeepSpeed is not installed ({exc})") from exc
+
+
+def _check_tracking(config: TrainerConfig) -> None:
+    """A tracker's client must be installed before any worker starts, not found missing on rank 0."""
+    from llmtrain_trainer.tracking import missing_packages
+
+    missing = missing_packages(config)
+    if missing:
+        raise PreflightError(
+            f"spec.tracking.{missing[0]} needs the Python package {missing[0]!r}, which this trainer lacks: "
+            "install llmtrain with its [track] extra (the trainer image has it)"
+        )
 
 
 def _check_dataset(config: TrainerConfig) -> None:

@@ -4,7 +4,8 @@ Rank 0 hands every `MetricsRecord` to each sink. `JsonlSink` appends it to `metr
 run directory (the loss curve, the local progress bar and `summary.json` are all read from there,
 since Ray Train keeps no metrics reported without a checkpoint); `LogSink` prints a line for the
 pod log. A Kubernetes sink (patching LLMTrainingJob.status.progress) plugs in through
-`open_sinks` when `progress.reportToKubernetes` is set. `read_records` and `step_history` read the
+`open_sinks` when `progress.reportToKubernetes` is set, and spec.tracking's MLflow, W&B and
+TensorBoard sinks (tracking.py) when it is set. `read_records` and `step_history` read the
 file back; `llmtrain run`'s progress bar (progress_bar.py) follows it as it grows.
 """
 
@@ -119,6 +120,10 @@ def open_sinks(config: TrainerConfig, run_dir: Path, log_lines: bool) -> FanOut:
         sink = kubernetes_sink(config)
         if sink is not None:
             sinks.append(sink)
+    if config.tracking is not None:
+        from llmtrain_trainer.tracking import tracking_sinks
+
+        sinks.extend(tracking_sinks(config, run_dir))
     return FanOut(sinks)
 
 

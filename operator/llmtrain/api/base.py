@@ -7,9 +7,9 @@ validator and the tests read the same rule text.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
 
@@ -120,3 +120,14 @@ def metadata_keys_rule(what: str, reserved: tuple[str, ...] = ()) -> dict[str, A
             )
         )
     return {"x-kubernetes-validations": rules}
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the job's namespace; the value is never copied into any object."""
+
+    name: Annotated[str, Field(pattern=DNS1123_SUBDOMAIN, max_length=253)] = Field(
+        description="Name of the Secret in the LLMTrainingJob's namespace."
+    )
+    key: Annotated[str, Field(min_length=1, max_length=253)] = Field(
+        description="Key within the Secret that holds the value."
+    )

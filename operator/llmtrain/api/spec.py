@@ -21,12 +21,14 @@ from llmtrain.api.base import (
     QUALIFIED_NAME,
     QUANTITY_PATTERN,
     ApiModel,
+    SecretKeyRef,
     cel,
     immutable,
     metadata_keys_rule,
     positive_quantity,
 )
 from llmtrain.api.pod_template import PodTemplateOverlay
+from llmtrain.api.tracking import TrackingSpec
 from llmtrain.api.trainer_spec import HF_SEED_UNSUPPORTED, TrainerSpec
 from llmtrain.constants import CONFIG_DIR, DEFAULT_MOUNT_PATH
 from llmtrain.quantity import parse_quantity
@@ -43,17 +45,6 @@ INT32_MAX = 2**31 - 1
 
 # spec.resumeFrom.run: '<job name>/<run id>' or '<run id>' (a uid, or a local run's job file stem).
 RUN_REF_PATTERN = r"^([a-z]([-a-z0-9]*[a-z0-9])?/)?[A-Za-z0-9][-A-Za-z0-9_.]*$"
-
-
-class SecretKeyRef(ApiModel):
-    """A key of a Secret in the job's namespace; the value is never copied into any object."""
-
-    name: Annotated[str, Field(pattern=DNS1123_SUBDOMAIN, max_length=253)] = Field(
-        description="Name of the Secret in the LLMTrainingJob's namespace."
-    )
-    key: Annotated[str, Field(min_length=1, max_length=253)] = Field(
-        description="Key within the Secret that holds the value."
-    )
 
 
 class ModelSpec(ApiModel):
@@ -604,8 +595,26 @@ class StorageSpec(ApiModel):
     )
 
 
+# Names of variables that hold credentials (HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY,
+# MLFLOW_TRACKING_PASSWORD ...): a whole `_`-separated word, so TOKENIZERS_PARALLELISM is not one.
+CREDENTIAL_NAME = (
+    "(?i)(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIALS?)(_|$)"
+)
+
+
+class EnvVarSource(ApiModel):
+    """Where a variable's value comes from instead of the spec: a Secret's key."""
+
+    secret_key_ref: SecretKeyRef = Field(
+        description="The Secret key whose value the kubelet puts into the variable; the value is "
+        "never copied into the job, its RayJob or the trainer's config."
+    )
+
+
 class EnvVar(ApiModel):
-    """A literal environment variable (no secret values: use references)."""
+    """A variable of every Ray container: a literal value, or a Secret's key (valueFrom). A name
+    that looks like a credential (TOKEN, SECRET, PASSWORD, API_KEY ... as a word) takes its value
+    from a Secret only: a literal one would be readable by anyone who may read the job."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -622,7 +631,20 @@ class EnvVar(ApiModel):
                     ".name",
                 ),
                 cel(
-                    "self.name != 'RAY_enable_autoscaler_v2' || !(self.value in ['1', 'true'])",
+                    "!(has(self.value) && has(self.valueFrom))",
+                    "network.env takes value or valueFrom, not both: keep one",
+                    ".valueFrom",
+                ),
+                cel(
+                    f"!has(self.value) || self.value == '' || !self.name.matches('{CREDENTIAL_NAME}')",
+                    "network.env names that look like a credential (TOKEN, SECRET, PASSWORD, API_KEY, "
+                    "ACCESS_KEY ... as a word) take their value from a Secret: use "
+                    "valueFrom.secretKeyRef {name, key} instead of value",
+                    ".value",
+                ),
+                cel(
+                    "self.name != 'RAY_enable_autoscaler_v2' || !has(self.value) || "
+                    "!(self.value in ['1', 'true'])",
                     "network.env cannot turn on RAY_enable_autoscaler_v2: the workers are a fixed gang "
                     "and KubeRay refuses it without in-tree autoscaling",
                     ".value",
@@ -634,7 +656,12 @@ class EnvVar(ApiModel):
     name: Annotated[str, Field(pattern=ENV_NAME_PATTERN, max_length=128)] = Field(
         description="Variable name (letters, digits, underscore; not starting with a digit)."
     )
-    value: Annotated[str, Field(max_length=4096)] = Field(default="", description="Variable value.")
+    value: Annotated[str, Field(max_length=4096)] | None = Field(
+        default=None, description="Literal value (empty when neither value nor valueFrom is set)."
+    )
+    value_from: EnvVarSource | None = Field(
+        default=None, description="Take the value from a Secret's key instead (secretKeyRef)."
+    )
 
 
 # The profiles that use an RDMA fabric; their workers get the fabric devices (FabricSpec).
@@ -957,6 +984,11 @@ class LLMTrainingJobSpec(ApiModel):
         default_factory=NetworkSpec,
         description="NCCL settings.",
         json_schema_extra=immutable("network"),
+    )
+    tracking: TrackingSpec | None = Field(
+        default=None,
+        description="Experiment tracking: MLflow, Weights & Biases and/or TensorBoard.",
+        json_schema_extra=immutable("tracking"),
     )
     run_policy: RunPolicySpec = Field(
         default_factory=RunPolicySpec, description="Retries, deadlines, suspension and queueing."

@@ -21,6 +21,7 @@ from llmtrain.api.spec import (
     StrategySpec,
     TrainingSpec,
 )
+from llmtrain.api.tracking import TrackingSpec
 from llmtrain.api.trainer_spec import TrainerSpec
 from llmtrain.constants import EXPORT_DIR, PROGRESS_INTERVAL_SECONDS
 
@@ -91,6 +92,9 @@ class TrainerConfig(ApiModel):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     progress: ProgressSpec = Field(default_factory=ProgressSpec)
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
+    tracking: TrackingSpec | None = Field(
+        default=None, description="spec.tracking: the trackers rank 0 sends metrics and config to."
+    )
     network: NetworkSpec = Field(
         default_factory=NetworkSpec,
         description="The job's NCCL settings: the workers check at start-up that NCCL found the "

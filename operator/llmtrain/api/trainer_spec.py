@@ -42,6 +42,8 @@ HF_DERIVED_ARGS: dict[str, str] = {
     "fsdp": "strategy",
     "fsdp_config": "strategy",
     "deepspeed": "strategy",
+    # The Trainer's own tracker integrations, joined into spec.tracking's runs.
+    "report_to": "tracking",
 }
 # TrainingArguments whose change would break what the platform guarantees: checkpoints in the run
 # directory that a restart resumes from, the device and process group Ray Train set up.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from llmtrain.api.spec import FABRIC_PROFILES, NetworkSpec
 from llmtrain.render.fabric import NCCL_DEBUG_FILE
 
@@ -65,9 +67,19 @@ def nccl_env(network: NetworkSpec, uses_gpu: bool) -> dict[str, str]:
     return env
 
 
-def container_env(network: NetworkSpec, uses_gpu: bool) -> dict[str, str]:
-    """Profile variables, then the user's overrides (which win, also on CPU jobs)."""
-    env = nccl_env(network, uses_gpu)
+def container_env(network: NetworkSpec, uses_gpu: bool) -> list[dict[str, Any]]:
+    """Profile variables, then the user's overrides (which win, also on CPU jobs); a user's
+    variable from a Secret becomes a `valueFrom.secretKeyRef` entry, never a value."""
+    env: dict[str, dict[str, Any]] = {
+        name: {"name": name, "value": value} for name, value in nccl_env(network, uses_gpu).items()
+    }
     for var in network.env:
-        env[var.name] = var.value
-    return env
+        if var.value_from is not None:
+            ref = var.value_from.secret_key_ref
+            env[var.name] = {
+                "name": var.name,
+                "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
+            }
+        else:
+            env[var.name] = {"name": var.name, "value": var.value or ""}
+    return list(env.values())

@@ -71,10 +71,15 @@ def _env(job: LLMTrainingJob, uses_gpu: bool) -> list[dict[str, Any]]:
     ]
     if not uses_gpu:
         env.append({"name": "DS_ACCELERATOR", "value": "cpu"})
-    ref = spec.model.hf_token_secret_ref
-    if ref is not None:
-        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
-    env.extend({"name": k, "value": v} for k, v in container_env(spec.network, uses_gpu).items())
+    secrets = {"HF_TOKEN": spec.model.hf_token_secret_ref}
+    if spec.tracking is not None:
+        secrets.update(spec.tracking.secret_env())
+    user = container_env(spec.network, uses_gpu)
+    chosen = {var["name"] for var in user}  # network.env wins over the derived references
+    for name, ref in secrets.items():
+        if ref is not None and name not in chosen:
+            env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    env.extend(user)
     return env
 
 

@@ -81,6 +81,7 @@ def _build(
         checkpoint=spec.checkpoint,
         progress=progress,
         trainer=trainer,
+        tracking=spec.tracking,
         network=spec.network,
     )
 

@@ -111,8 +111,8 @@ def training_arguments(config: TrainerConfig, output_dir: Path, evaluate: bool) 
         "eval_steps": config.checkpoint.every_steps if evaluate else None,
         **strategy_arguments(config),
     }
+    derived["report_to"] = config.tracking.backends() if config.tracking is not None else "none"
     defaults = {
-        "report_to": "none",
         "disable_tqdm": True,
         # num_input_tokens_seen in the logs: tokens/s in the progress records (ProgressToSinks).
         # Packed rows are all tokens; padded ones are counted by their attention mask.

@@ -6,13 +6,16 @@ tokenized sequences) and derives the TrainingArguments from the spec (hf_args.py
 each Hugging Face checkpoint into `checkpoint-step-N/checkpoint/` in the run directory and registers
 it with Ray Train, so a restart resumes the Trainer from it (`resume_from_checkpoint`), optimizer,
 schedule, RNG and data position included. `ProgressToSinks` feeds the Trainer's logs into the same
-progress records as the built-in loop, tokens/s from the Trainer's `num_input_tokens_seen`. The
+progress records as the built-in loop, tokens/s from the Trainer's `num_input_tokens_seen`; with
+spec.tracking, the Trainer's own `report_to` integrations log into the tracker runs that rank 0's
+tracking sinks opened (tracking.py). The
 export is `Trainer.save_model` plus the tokenizer; with LoRA and `mergeOnExport` also the merged
 model in `export/merged/`, as the built-in export lays it out.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,7 @@ from llmtrain_trainer.metrics import MetricsRecord
 from llmtrain_trainer.modes import ModeError, Refusal
 from llmtrain_trainer.modes.hf_args import FSDP_EXPORT_STATE_DICT, training_arguments, unknown_arguments
 from llmtrain_trainer.tokenizer import load_tokenizer
+from llmtrain_trainer.tracking import tensorboard_dir
 from llmtrain_trainer.weights import fetch_weights
 
 HF_CHECKPOINT = "checkpoint"
@@ -236,6 +240,9 @@ def run_huggingface(config: TrainerConfig, env: WorkerEnv, run_dir: Path, run: L
         resumed_at=run.resume.step,
     )
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    if config.tracking is not None and config.tracking.tensorboard is not None:
+        # transformers' TensorBoard integration (report_to) takes its folder from here only.
+        os.environ["TENSORBOARD_LOGGING_DIR"] = str(tensorboard_dir(run_dir))
     trainer = Trainer(
         model=model,
         args=args,
