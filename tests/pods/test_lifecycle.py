@@ -70,19 +70,24 @@ def test_worker_loss_suspend_resume_and_recreate_in_real_pods(
     before = watch.statuses[-1]
     step_at_kill, checkpoint_at_kill = _step(before), _checkpoint_step(before)
     loss_at_kill = float(_progress(before)["loss"])
-    (victim, *_) = watch.pods_of_type("worker")
-    cluster.kubectl("delete", "pod", victim["metadata"]["name"], "-n", namespace, "--wait=false")
+    originals = {p["metadata"]["name"] for p in watch.pods_of_type("worker")}
+    victim = sorted(originals)[0]
+    # As a node failure would: SIGTERM, then SIGKILL a second later.
+    cluster.kubectl("delete", "pod", victim, "-n", namespace, "--grace-period=1", "--wait=false")
     killed = time.monotonic()
-    # Training goes on to a checkpoint beyond the one it resumed from.
-    watch.until(
-        cluster,
-        lambda _: _checkpoint_step(watch.statuses[-1]) > checkpoint_at_kill,
-        what="a checkpoint after the worker was replaced",
-    )
+
+    def replaced_and_checkpointed(_: str) -> bool:
+        new = {p["metadata"]["name"] for p in watch.pods_of_type("worker")} - originals
+        return bool(new) and _checkpoint_step(watch.statuses[-1]) > checkpoint_at_kill
+
+    # KubeRay runs a new worker pod, Ray Train restarts the group, training checkpoints again.
+    watch.until(cluster, replaced_and_checkpointed, what="a new worker pod and a checkpoint after it")
     resumed_after_kill = time.monotonic()
-    assert len(watch.pods_of_type("worker")) == 3, sorted(watch.running_pods)  # KubeRay replaced it
-    (resumed,) = _resumed_steps(cluster, namespace)
-    assert checkpoint_at_kill <= resumed <= step_at_kill and step_at_kill - resumed <= EVERY, (
+    resumes = _resumed_steps(cluster, namespace)
+    assert len(resumes) == 1, (resumes, watch.story(cluster))
+    (resumed,) = resumes
+    # No checkpoint was lost: at most the steps since the last one (< one interval) are redone.
+    assert checkpoint_at_kill <= resumed <= checkpoint_at_kill + EVERY, (
         resumed,
         checkpoint_at_kill,
         step_at_kill,
