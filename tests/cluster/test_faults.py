@@ -28,8 +28,10 @@ from tests.support.cluster.steps import (
     RELEASE,
     RESYNC_SECONDS,
     OperatorProcess,
+    Watch,
     apply_doc,
     assert_no_rbac_refusals,
+    clear_outcome,
     end_ray_job,
     get,
     helm,
@@ -313,3 +315,72 @@ def test_a_reset_connection_and_a_proxys_html_502_are_retried_like_server_errors
     _assert_reconciler_retried(log, "HTTP 0 ConnectionError: ProtocolError")
     _assert_reconciler_retried(log, "HTTP 502 Bad Gateway: <html>")
     assert "failed with an exception" not in log, log[-3000:]
+
+
+# ---- one writer per job: nothing acts on a copy of the job older than a finish ------------------
+def _finish_and_delete_rayjob(cluster: Cluster, namespace: str, name: str) -> None:
+    """The Ray job succeeds, the job's phase follows, and the RayJob goes, as KubeRay deletes a
+    finished one (DELETE_RAYJOB_CR_AFTER_JOB_FINISHES with ttlSecondsAfterFinished 0)."""
+    try:
+        end_ray_job(cluster, namespace, name, succeed=True)
+        assert wait_phase(cluster, namespace, name, "Succeeded", "Failed", timeout=75)["phase"] == "Succeeded"
+    finally:
+        clear_outcome(cluster, namespace)
+    cluster.kubectl("delete", "rayjob", name, "-n", namespace, "--wait=true")
+
+
+def _assert_stayed_finished(cluster: Cluster, watch: Watch, namespace: str, name: str) -> None:
+    """No RayJob again, no recreation announced, and no stored version after Succeeded has
+    another phase (the watch sees every write, also one flipped back before a poll would see it)."""
+    assert get(cluster, "rayjob", name, namespace) is None, "a RayJob was created for a finished job"
+    phases = [(v.get("status") or {}).get("phase") for v in watch.versions(name)]
+    assert "Succeeded" in phases, phases
+    assert set(phases[phases.index("Succeeded") :]) == {"Succeeded"}, phases
+    reasons = [
+        e["reason"] for e in items(cluster, "events", namespace) if e["involvedObject"]["name"] == name
+    ]
+    assert "RayJobRecreated" not in reasons, reasons
+
+
+def test_a_job_that_finishes_while_a_resync_pass_is_held_up_stays_finished(
+    cluster: Cluster, faults: FaultProxy, namespace: str
+) -> None:
+    """The resync lists the jobs, then the RayJobs. Held up between the two while the job completes
+    and its RayJob is deleted, the pass has a job list that says Running and a RayJob list without
+    its RayJob: it must read both again before it writes or creates anything."""
+    apply_doc(cluster, _job("late", namespace))
+    wait_phase(cluster, namespace, "late", "Running", timeout=60)
+    with Watch(cluster, "llmtj", namespace) as watch:
+        answered = len(faults.seen("list", "rayjobs"))
+        rule = faults.delay("list", "rayjobs", 30, times=1)
+        wait_for(lambda: rule.hits == 1, timeout=3 * RESYNC_SECONDS, what="the resync's RayJob list held up")
+        _finish_and_delete_rayjob(cluster, namespace, "late")
+        wait_for(
+            lambda: len(faults.seen("list", "rayjobs")) > answered,
+            timeout=45,
+            what="the held-up list answered",
+        )
+        time.sleep(RESYNC_SECONDS + 3)  # the rest of that pass, and the next
+        _assert_stayed_finished(cluster, watch, namespace, "late")
+
+
+def test_a_job_that_finishes_while_its_resume_after_a_restart_is_held_up_stays_finished(
+    cluster: Cluster, faults: FaultProxy, proxied_operator: OperatorProcess, namespace: str
+) -> None:
+    """At restart Kopf resumes every job from its list. Held up in that reconcile while the job
+    completes and its RayJob is deleted, the reconciler must not create the RayJob again from its
+    copy of the job (which says Running), nor write a phase over Succeeded."""
+    apply_doc(cluster, _job("resumed", namespace))
+    wait_phase(cluster, namespace, "resumed", "Running", timeout=60)
+    with Watch(cluster, "llmtj", namespace) as watch:
+        rule = faults.delay("get", "serviceaccounts", 30, times=1, namespace=namespace)
+        proxied_operator.restart()
+        wait_for(lambda: rule.hits == 1, timeout=60, what="the resumed reconcile held up")
+        _finish_and_delete_rayjob(cluster, namespace, "resumed")
+        wait_for(
+            lambda: [r for r in faults.seen("get", "serviceaccounts") if r.namespace == namespace],
+            timeout=45,
+            what="the held-up read answered",
+        )
+        time.sleep(RESYNC_SECONDS + 3)  # the rest of the reconcile, and a resync pass
+        _assert_stayed_finished(cluster, watch, namespace, "resumed")

@@ -1,6 +1,8 @@
 """Least privilege, judged from the API server's side: in one job's life (create, run, suspend,
-orphaned and adopted again) a fresh operator process makes only the calls it declares, needs every
-call it declares, and never uses a right it holds only for an admission plugin (`delete`).
+orphaned and applied again: its claim adopted, the rest made anew once the user deleted the earlier
+job's leftovers, managed labels patched back) a fresh operator process makes only the calls it
+declares, needs every call it declares, and never uses a right it holds only for an admission
+plugin (`delete`).
 
 The audit log records every request of the platform's ServiceAccounts; the session's operator is
 stopped meanwhile, so the requests after the mark are this process's alone.
@@ -8,10 +10,14 @@ stopped meanwhile, so the requests after the mark are this process's alone.
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
+from llmtrain.api.validation import parse_job
+from llmtrain.constants import JOB_UID_LABEL
 from llmtrain.operator.permissions import OPERATOR_PERMISSIONS
+from llmtrain.render import render
 
 from tests.support.cluster import audit
 from tests.support.cluster.cluster import Cluster
@@ -22,10 +28,12 @@ from tests.support.cluster.steps import (
     assert_only_declared_calls,
     cpu_job,
     get,
+    job_status,
     start_operator,
     wait_for,
     wait_phase,
 )
+from tests.support.jobs import with_path
 
 # Declared for clusters and Kopf versions that post Events through events.k8s.io; Kopf 1.45 posts
 # them through core/v1.
@@ -64,16 +72,42 @@ def test_one_jobs_life_uses_every_declared_call_and_nothing_else(
             ),
             what="the children orphaned",
         )
-        apply_doc(cluster, suspended)  # adopts every child: get, then patch in the owner reference
-        uid = wait_for(lambda: get(cluster, "llmtj", "lp", namespace), what="the job")["metadata"]["uid"]
+        apply_doc(cluster, suspended)  # a new job: it reads every child and names what it cannot reuse
         wait_for(
             lambda: (
-                [r["uid"] for r in get(cluster, "rayjob", "lp", namespace)["metadata"]["ownerReferences"]]
-                == [uid]
+                (s := job_status(cluster, namespace, "lp")) and "earlier LLMTrainingJob" in s["message"] and s
             ),
-            what="the RayJob adopted",
+            what="the earlier job's leftovers named",
+        )
+        command = job_status(cluster, namespace, "lp")["message"].split(
+            "Delete them and this job starts: ", 1
+        )[1]
+        cluster.kubectl(*shlex.split(command)[1:], "--wait=true")  # the user deletes, never the operator
+        job = wait_for(lambda: get(cluster, "llmtj", "lp", namespace), what="the job")
+        uid = job["metadata"]["uid"]
+
+        def owned(kind: str, name: str) -> bool:
+            child = get(cluster, kind, name, namespace) or {}
+            return [r["uid"] for r in child["metadata"]["ownerReferences"]] == [uid]
+
+        wait_for(lambda: owned("rayjob", "lp"), what="the job's own RayJob")
+        wait_for(
+            lambda: owned("pvc", "lp-storage"), what="the claim adopted (get, then its owner patched in)"
         )
         wait_phase(cluster, namespace, "lp", "Suspended")
+        # Children without the job's uid label (made before children carried it) get it back at
+        # the next reconcile: a patch of each kind.
+        unlabelled = [(o["kind"].lower(), o["metadata"]["name"]) for o in render(parse_job(job))]
+        for kind, name in unlabelled:
+            cluster.kubectl("label", kind, name, "-n", namespace, f"{JOB_UID_LABEL}-")
+        apply_doc(cluster, with_path(suspended, "spec.runPolicy.ttlSecondsAfterFinished", 60))
+        wait_for(
+            lambda: all(
+                (get(cluster, kind, name, namespace) or {})["metadata"]["labels"].get(JOB_UID_LABEL) == uid
+                for kind, name in unlabelled
+            ),
+            what="the uid label patched back on every child",
+        )
         # A queued job that its user suspends: its Kueue Workload is found and deactivated.
         cluster.apply(queue)
         queued = cpu_job("lpq", namespace)

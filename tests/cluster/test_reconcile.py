@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import copy
 import json
+import shlex
 import time
+import urllib.request
 from typing import Any
 
 import pytest
@@ -178,51 +180,63 @@ def test_specs_only_the_operator_can_judge_fail_the_job_and_create_nothing(
 
 
 # ---- what it takes over -------------------------------------------------------------------------
-def test_orphaned_children_with_our_marks_are_adopted_and_resynced(
+def test_a_job_applied_again_after_an_orphaning_delete_trains_its_new_spec_never_the_old_childrens(
     cluster: Cluster, operator: OperatorProcess, namespace: str
 ) -> None:
-    """`kubectl delete --cascade=orphan` leaves the children (our labels, no owner); the job applied
-    again under that name adopts them and brings their managed fields back to the rendered state."""
-    doc = cpu_job("adopt", namespace, suspend=True)
+    """`kubectl delete --cascade=orphan` leaves the children of a finished job (our labels, its uid,
+    no owner). The job applied again with a changed spec is a new job (a new uid): it must neither
+    adopt the old config, run id, identity and finished RayJob (it would read Succeeded without
+    training, or train the old config) nor delete them itself (the operator never deletes). It says
+    which are left and the command that removes them; once they are gone it trains the new spec,
+    on the old claim (the data orphaning keeps), with children stamped with its own uid."""
+    doc = cpu_job("again", namespace)
     apply_doc(cluster, doc)
-    wait_phase(cluster, namespace, "adopt", "Suspended", "Pending")
-    first_uid = (get(cluster, "llmtj", "adopt", namespace) or {})["metadata"]["uid"]
-    cluster.kubectl("delete", "llmtj", "adopt", "-n", namespace, "--cascade=orphan", "--wait=true")
+    finish_job(cluster, namespace, "again")
+    first_uid = (get(cluster, "llmtj", "again", namespace) or {})["metadata"]["uid"]
+    claim_uid = (get(cluster, "pvc", "again-storage", namespace) or {})["metadata"]["uid"]
+    cluster.kubectl("delete", "llmtj", "again", "-n", namespace, "--cascade=orphan", "--wait=true")
     wait_for(
         lambda: all(
             c is not None and not c["metadata"].get("ownerReferences")
             for c in _children(cluster, namespace, doc).values()
         ),
+        timeout=120,
         what="the children orphaned by the garbage collector",
     )
-    cluster.kubectl(
-        "patch",
-        "role",
-        "adopt-trainer",
-        "-n",
-        namespace,
-        "--type=merge",
-        "-p",
-        '{"rules":[{"apiGroups":[""],"resources":["pods"],"verbs":["get"]}]}',
-    )
-    apply_doc(cluster, doc)
-    job = wait_for(lambda: get(cluster, "llmtj", "adopt", namespace), what="the job again")
+    apply_doc(cluster, with_path(doc, "spec.training.learningRate", 0.0007))
+    job = wait_for(lambda: get(cluster, "llmtj", "again", namespace), what="the job again")
     uid = job["metadata"]["uid"]
     assert uid != first_uid
+    waiting = wait_for(
+        lambda: (
+            (s := job_status(cluster, namespace, "again")) and "earlier LLMTrainingJob" in s["message"] and s
+        ),
+        what="the job naming what the earlier job left",
+    )
+    assert waiting["phase"] == "Pending", waiting
+    for kind in ("ServiceAccount", "Role", "RoleBinding", "ConfigMap", "RayJob"):
+        assert f"{kind}/again" in waiting["message"], (kind, waiting["message"])
+    assert "PersistentVolumeClaim" not in waiting["message"]
+    time.sleep(3)  # nothing of the earlier job's is taken over meanwhile
+    for kind, child in _children(cluster, namespace, doc).items():
+        assert child is not None and not child["metadata"].get("ownerReferences"), kind
+    assert job_status(cluster, namespace, "again")["phase"] == "Pending"
 
-    def adopted() -> bool:
-        return all(
-            c is not None and [r["uid"] for r in c["metadata"].get("ownerReferences") or []] == [uid]
-            for c in _children(cluster, namespace, job).values()
-        )
-
-    wait_for(adopted, what="every child owned by the new job")
-    wanted = {o["kind"]: o for o in render(parse_job(job))}
+    command = waiting["message"].split("Delete them and this job starts: ", 1)[1]
+    assert command.startswith("kubectl delete "), command
+    cluster.kubectl(*shlex.split(command)[1:], "--wait=true")
+    running = wait_phase(cluster, namespace, "again", "Running", "Succeeded", timeout=120)
+    assert running["phase"] == "Running", running
     children = _children(cluster, namespace, job)
-    assert children["Role"]["rules"] == wanted["Role"]["rules"]  # type: ignore[index]
+    for kind, child in children.items():
+        assert child is not None, kind
+        assert [r["uid"] for r in child["metadata"]["ownerReferences"]] == [uid], kind
+        assert child["metadata"]["labels"]["llmtrain.dev/job-uid"] == uid, kind
+    assert children["PersistentVolumeClaim"]["metadata"]["uid"] == claim_uid  # type: ignore[index]
+    config = json.loads(children["ConfigMap"]["data"]["trainer-config.json"])  # type: ignore[index]
+    assert config["training"]["learningRate"] == 0.0007 and config["runName"] == uid, config
     for kind in CHILD_KINDS:
-        assert len(items(cluster, CHILD_KINDS[kind], namespace, "llmtrain.dev/job=adopt")) == 1, kind
-    assert _conditions(wait_phase(cluster, namespace, "adopt", "Suspended", "Pending"))["Created"]
+        assert len(items(cluster, CHILD_KINDS[kind], namespace, "llmtrain.dev/job=again")) == 1, kind
 
 
 @pytest.mark.parametrize("holder", ["hand-made", "another-controller"])
@@ -353,15 +367,7 @@ def test_a_create_refused_by_a_full_quota_is_retried_until_the_quota_allows_it(
     """A 403 from a ResourceQuota can pass without the spec changing: the job says why it waits
     (message and one Warning), keeps retrying with backoff, and starts once the quota allows it."""
 
-    def quota(claims: int) -> dict[str, Any]:
-        return {
-            "apiVersion": "v1",
-            "kind": "ResourceQuota",
-            "metadata": {"name": "claims", "namespace": namespace},
-            "spec": {"hard": {"persistentvolumeclaims": str(claims)}},
-        }
-
-    cluster.apply([quota(0)])
+    cluster.apply([_claims_quota(namespace, 0)])
     wait_for(
         lambda: (get(cluster, "resourcequota", "claims", namespace) or {}).get("status", {}).get("hard"),
         what="the quota controller has counted the namespace",
@@ -380,12 +386,85 @@ def test_a_create_refused_by_a_full_quota_is_retried_until_the_quota_allows_it(
     refused = [e for e in _events(cluster, namespace, "quota") if e["reason"] == "CreateRefused"]
     assert len(refused) == 1 and refused[0]["type"] == "Warning", refused
 
-    cluster.apply([quota(1)])
+    cluster.apply([_claims_quota(namespace, 1)])
     status = wait_phase(cluster, namespace, "quota", "Suspended", "Failed", timeout=120)
     assert status["phase"] == "Suspended", status
     conditions = _conditions(status)
     assert conditions["Created"]["status"] == "True" and conditions["Failed"]["status"] == "False"
     assert get(cluster, "rayjob", "quota", namespace) is not None
+
+
+def _claims_quota(namespace: str, claims: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "claims", "namespace": namespace},
+        "spec": {"hard": {"persistentvolumeclaims": str(claims)}},
+    }
+
+
+def _wait_live(operator: OperatorProcess) -> None:
+    """Until the (re)started operator answers its liveness probe: Kopf is up and watching."""
+    port = next(a.split("=", 1)[1] for a in operator.argv if a.startswith("--liveness-port="))
+
+    def live() -> bool:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+            return bool(response.status == 200)
+
+    wait_for(lambda: _ok(live), timeout=60, what="the operator's liveness probe")
+
+
+def _ok(check: Any) -> bool:
+    try:
+        return bool(check())
+    except OSError:
+        return False
+
+
+def test_after_a_restart_a_suspend_reaches_the_rayjob_in_a_namespace_at_its_claim_quota(
+    cluster: Cluster, operator: OperatorProcess, namespace: str
+) -> None:
+    """A namespace at its ResourceQuota answers a create of a claim that already exists with 403
+    "exceeded quota", before it looks at the name. An operator that creates first would, after a
+    restart, report a running job as refused and never let its user's suspend through; one that
+    reads first creates nothing that exists, so the edit reaches the RayJob at once and the quota's
+    usage stays as it was."""
+    apply_doc(cluster, cpu_job("atquota", namespace))
+    wait_phase(cluster, namespace, "atquota", "Running")
+    cluster.apply([_claims_quota(namespace, 1)])
+    used = wait_for(
+        lambda: (
+            (
+                (q := get(cluster, "resourcequota", "claims", namespace) or {})
+                .get("status", {})
+                .get("used", {})
+            ).get("persistentvolumeclaims")
+            == "1"
+            and q["status"]["used"]
+        ),
+        what="the quota controller counted the job's claim",
+    )
+    operator.restart()
+    _wait_live(operator)
+    cluster.kubectl(
+        "patch",
+        "llmtj",
+        "atquota",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        '{"spec":{"runPolicy":{"suspend":true}}}',
+    )
+    wait_for(
+        lambda: (get(cluster, "rayjob", "atquota", namespace) or {})["spec"].get("suspend") is True,
+        timeout=10,
+        what="the suspend on the RayJob",
+    )
+    wait_phase(cluster, namespace, "atquota", "Suspended")
+    assert not [e for e in _events(cluster, namespace, "atquota") if e["reason"] == "CreateRefused"]
+    assert "exceeded quota" not in job_status(cluster, namespace, "atquota")["message"]
+    assert (get(cluster, "resourcequota", "claims", namespace) or {})["status"]["used"] == used
 
 
 # ---- level-triggered: what it does when a RayJob goes -------------------------------------------

@@ -300,7 +300,7 @@ def test_root_cause_only_added_on_failure() -> None:
 
 def test_a_child_of_an_earlier_namesake_is_waited_for_and_a_foreign_one_is_a_conflict() -> None:
     import pytest
-    from llmtrain.operator.children import ChildBeingReplaced, EnsureResult, OwnershipConflict, ensure
+    from llmtrain.operator.children import ChildBeingReplaced, OwnershipConflict, ensure_all
     from llmtrain.operator.kube import ApiError
 
     def ref(uid: str, name: str = "j", kind: str = "LLMTrainingJob") -> dict:
@@ -329,11 +329,11 @@ def test_a_child_of_an_earlier_namesake_is_waited_for_and_a_foreign_one_is_a_con
         (ref("x", kind="Deployment", name="j"), OwnershipConflict),  # not a job of ours at all
     ):
         with pytest.raises(error):
-            ensure(Kube(_cm({"k": "v"}, owners=[existing_owner])), desired, EnsureResult())  # type: ignore[arg-type]
+            ensure_all(Kube(_cm({"k": "v"}, owners=[existing_owner])), [desired])  # type: ignore[arg-type]
     dying = _cm({"k": "v"}, owners=[ref("other", name="k")])
     dying["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     with pytest.raises(ChildBeingReplaced):
-        ensure(Kube(dying), desired, EnsureResult())  # type: ignore[arg-type]
+        ensure_all(Kube(dying), [desired])  # type: ignore[arg-type]
 
 
 def test_a_suspended_queued_rayjob_is_queued_not_suspended() -> None:
@@ -372,7 +372,7 @@ def test_derive_reads_the_queue_from_the_rayjob_and_the_root_cause_from_progress
 
 
 def test_an_unmarked_object_without_a_controller_is_never_adopted() -> None:
-    from llmtrain.operator.children import EnsureResult, OwnershipConflict, ensure
+    from llmtrain.operator.children import OwnershipConflict, ensure_all
     from llmtrain.operator.kube import ApiError
 
     class Kube:
@@ -394,12 +394,93 @@ def test_an_unmarked_object_without_a_controller_is_never_adopted() -> None:
     desired = _cm({"k": "v"}, labels=marks, owners=owner)
     users = Kube(_cm({"k": "mine"}, labels={"team": "a"}, owners=[]))
     with pytest.raises(OwnershipConflict, match="was not created by llmtrain"):
-        ensure(users, desired, EnsureResult())  # type: ignore[arg-type]
+        ensure_all(users, [desired])  # type: ignore[arg-type]
     assert not users.patched
     ours = Kube(_cm({"k": "old"}, labels=marks, owners=[]))
-    result = EnsureResult()
-    ensure(ours, desired, result)  # type: ignore[arg-type]
+    result = ensure_all(ours, [desired])  # type: ignore[arg-type]
     assert ours.patched and result.adopted == ["ConfigMap/c"]
+
+
+class _Store:
+    """A fake API holding objects by name: creates refused with `refuse` (e.g. a full quota's 403)."""
+
+    def __init__(self, objects: list[dict], refuse: int | None = None) -> None:
+        self.objects = {o["metadata"]["name"]: o for o in objects}
+        self.refuse = refuse
+        self.creates: list[str] = []
+        self.patches: list[tuple[str, dict]] = []
+
+    def get(self, resource: object, namespace: str, name: str) -> dict:
+        from llmtrain.operator.kube import ApiError
+
+        if name not in self.objects:
+            raise ApiError(404, "NotFound", name)
+        return self.objects[name]
+
+    def create(self, obj: dict) -> dict:
+        from llmtrain.operator.kube import ApiError
+
+        self.creates.append(obj["metadata"]["name"])
+        if self.refuse:
+            raise ApiError(self.refuse, "Forbidden", "exceeded quota")
+        self.objects[obj["metadata"]["name"]] = obj
+        return obj
+
+    def merge_patch(self, resource: object, namespace: str, name: str, patch: dict) -> dict:
+        self.patches.append((name, patch))
+        return self.objects[name]
+
+
+def test_children_are_read_before_created_so_a_full_quota_never_refuses_what_exists() -> None:
+    """At its ResourceQuota, the API server answers a create of an existing object with 403, not 409."""
+    import pytest
+    from llmtrain.operator.children import ensure_all
+    from llmtrain.operator.kube import ApiError
+
+    owner = [{"uid": "u1", "controller": True, "kind": "LLMTrainingJob", "name": "j"}]
+    existing = _cm({"k": "v"}, owners=owner)
+    full = _Store([existing], refuse=403)
+    assert ensure_all(full, [_cm({"k": "v"}, owners=owner)]).created == []  # type: ignore[arg-type]
+    assert full.creates == []
+    empty = _Store([], refuse=403)
+    with pytest.raises(ApiError) as refused:
+        ensure_all(empty, [_cm({"k": "v"}, owners=owner)])  # type: ignore[arg-type]
+    assert refused.value.status == 403 and empty.creates == ["c"]
+
+
+def test_children_an_earlier_job_of_the_name_left_are_named_and_never_reused() -> None:
+    """After `kubectl delete --cascade=orphan` and a re-apply (a new uid), the old config, identity
+    and RayJob are never adopted: the job names them and the command that deletes them, creates and
+    changes nothing; the claim (the data orphaning keeps) is adopted and stamped with the new uid."""
+    import pytest
+    from llmtrain.operator.children import LeftByEarlierJob, ensure_all
+
+    def child(kind: str, name: str, uid: str, owners: list[dict]) -> dict:
+        marks = {"app.kubernetes.io/managed-by": "llmtrain-operator", "llmtrain.dev/job": "j"}
+        obj = _cm({}, labels={**marks, "llmtrain.dev/job-uid": uid}, owners=owners)
+        obj["kind"], obj["metadata"]["name"] = kind, name
+        return obj
+
+    new = [{"uid": "u2", "controller": True, "kind": "LLMTrainingJob", "name": "j"}]
+    desired = [
+        child("PersistentVolumeClaim", "j-storage", "u2", new),
+        child("ConfigMap", "j-config", "u2", new),
+    ]
+    old = _Store(
+        [child("PersistentVolumeClaim", "j-storage", "u1", []), child("ConfigMap", "j-config", "u1", [])]
+    )
+    with pytest.raises(LeftByEarlierJob) as left:
+        ensure_all(old, desired)  # type: ignore[arg-type]
+    assert "ConfigMap/j-config" in str(left.value) and "PersistentVolumeClaim" not in str(left.value)
+    assert "kubectl delete configmaps -n" in str(left.value) and "llmtrain.dev/job-uid!=u2" in str(left.value)
+    assert old.creates == [] and old.patches == []
+    claim_only = _Store([child("PersistentVolumeClaim", "j-storage", "u1", [])])
+    result = ensure_all(claim_only, desired)  # type: ignore[arg-type]
+    assert result.adopted == ["PersistentVolumeClaim/j-storage"] and result.created == ["ConfigMap/j-config"]
+    ((claim, patch),) = claim_only.patches
+    assert claim == "j-storage"
+    assert patch["metadata"]["labels"] == {"llmtrain.dev/job-uid": "u2"}
+    assert patch["metadata"]["ownerReferences"] == new
 
 
 def test_a_resume_or_retry_does_not_flash_back_to_created() -> None:
@@ -465,6 +546,70 @@ def test_the_resync_pass_takes_jobs_no_longer_listed_off_the_gauge(monkeypatch: 
     assert book.keys() == {"n/kept"}
     assert metrics.JOBS.labels(phase="Running")._value.get() == 0
     assert metrics.JOBS.labels(phase="Succeeded")._value.get() == 1
+
+
+def test_a_resync_pass_on_a_stale_list_neither_writes_nor_creates_for_a_job_finished_since() -> None:
+    """The pass listed the job Running and then no RayJob (KubeRay deleted it after it finished):
+    it reads the job again before acting, and its writes are conditional on the listed version."""
+    import logging
+
+    from llmtrain.operator import mirror
+    from llmtrain.operator.config import OperatorConfig
+    from llmtrain.operator.kube import ApiError
+
+    from tests.support.jobs import minimal_job
+
+    meta = {"name": "j", "namespace": "n", "uid": "u", "resourceVersion": "5", "generation": 1}
+    listed = {**minimal_job("j", "n"), "metadata": meta, "status": {"phase": "Running", "rayJobName": "j"}}
+    now = {**listed, "metadata": {**meta, "resourceVersion": "9"}, "status": {"phase": "Succeeded"}}
+
+    class Kube:
+        def __init__(self) -> None:
+            self.writes: list[object] = []
+
+        def list_all(self, resource: object, namespace: object, label_selector: object = None) -> list:
+            return [listed] if resource is mirror.JOB_RESOURCE else []
+
+        def get(self, resource: object, namespace: str, name: str) -> dict:
+            if resource is mirror.JOB_RESOURCE:
+                return now
+            raise ApiError(404, "NotFound", name)
+
+        def create(self, obj: dict) -> dict:
+            self.writes.append(("create", obj["kind"]))
+            return obj
+
+        def merge_patch(self, *args: object, **kwargs: object) -> dict:
+            self.writes.append(("patch", args))
+            return {}
+
+    kube = Kube()
+    mirror.resync_all(kube, OperatorConfig(), logging.getLogger("test"))  # type: ignore[arg-type]
+    assert kube.writes == []
+
+
+def test_the_job_locks_serialize_one_job_and_are_dropped_when_free() -> None:
+    import threading
+
+    from llmtrain.operator.serial import JobLocks
+
+    locks, order = JobLocks(), []
+
+    def second() -> None:
+        with locks.hold("n/a"):
+            order.append("other")
+
+    with locks.hold("n/a"):
+        other = threading.Thread(target=second)
+        other.start()
+        with locks.hold("n/b"):  # another job is not held up
+            order.append("b")
+        other.join(0.2)
+        assert order == ["b"] and other.is_alive()
+        order.append("first")
+    other.join(2)
+    assert order == ["b", "first", "other"]
+    assert len(locks) == 0  # no lock kept for a job nobody works on
 
 
 @pytest.mark.parametrize("phase", ["Succeeded", "Failed"])

@@ -3,20 +3,25 @@
 Kopf re-runs an interrupted handler after a restart, so every step must tolerate objects that
 already exist: a child under its deterministic name is re-synced (its operator-managed fields
 patched back to the rendered state), never duplicated. An existing object without a controller is
-adopted only when it carries our marks (created by this operator for a job of this name, e.g. left
-behind by `kubectl delete --cascade=orphan`); anything else under that name belongs to someone else
-and is a conflict: never overwritten, never given an owner reference (which would let the garbage
-collector delete it with the job).
+adopted only when it carries our marks (created by this operator for a job of this name) and this
+job's uid; one an earlier job of this name left behind (`kubectl delete --cascade=orphan`) is never
+reused, except its claim (the data orphaning keeps). Anything else under that name belongs to
+someone else and is a conflict: never overwritten, never given an owner reference (which would let
+the garbage collector delete it with the job).
+
+Every child is read before it is created: a create of an object that exists fails with 403 in a
+namespace at its ResourceQuota, not with 409.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from llmtrain.constants import (
     JOB_LABEL,
+    JOB_UID_LABEL,
     KUEUE_QUEUE_LABEL,
     MANAGED_BY_LABEL,
     OPERATOR_NAME,
@@ -33,6 +38,15 @@ _SYNCED_FIELDS: dict[str, tuple[str, ...]] = {
     "RoleBinding": ("subjects",),
     "ServiceAccount": (),
     "PersistentVolumeClaim": (),
+}
+# How kubectl names each child's kind (in the command a LeftByEarlierJob message gives).
+_PLURALS = {
+    "ConfigMap": "configmaps",
+    "Role": "roles",
+    "RoleBinding": "rolebindings",
+    "ServiceAccount": "serviceaccounts",
+    "PersistentVolumeClaim": "persistentvolumeclaims",
+    "RayJob": "rayjobs",
 }
 # The RayJob spec fields that may change after creation (see the CRD's immutability rules).
 RAYJOB_MUTABLE = ("suspend", "ttlSecondsAfterFinished", "activeDeadlineSeconds")
@@ -53,6 +67,26 @@ def rayjob_synced_fields(desired: dict[str, Any], existing: dict[str, Any]) -> t
 
 class OwnershipConflict(Exception):
     """A child's name is taken by an object another controller owns; never steal it."""
+
+
+class LeftByEarlierJob(Exception):
+    """Children of an earlier job of this name (deleted with --cascade=orphan) hold the names this
+    job's children need. Never adopted: the operator never deletes, so the user is told which to
+    delete, and the job starts once they are gone."""
+
+    def __init__(self, leftovers: list[dict[str, Any]], uid: str) -> None:
+        self.leftovers = leftovers
+        first = leftovers[0]["metadata"]
+        kinds = sorted({_PLURALS[o["kind"]] for o in leftovers})
+        uids = sorted({_job_uid(o) or "unknown" for o in leftovers})
+        selector = f"{MANAGED_BY_LABEL}={OPERATOR_NAME},{JOB_LABEL}={first['labels'][JOB_LABEL]}"
+        super().__init__(
+            f"{', '.join(child_key(o) for o in leftovers)} were left by an earlier LLMTrainingJob of "
+            f"this name (uid {', '.join(uids)}; deleted with --cascade=orphan) and are never reused: "
+            "they hold that job's config, run id, identity or Ray job. Delete them and this job "
+            f"starts: kubectl delete {','.join(kinds)} -n {first['namespace']} -l "
+            f"'{selector},{JOB_UID_LABEL}!={uid}'"
+        )
 
 
 class ChildBeingReplaced(Exception):
@@ -138,24 +172,40 @@ def drift_patch(desired: dict[str, Any], existing: dict[str, Any]) -> dict[str, 
     return patch
 
 
-def ensure(kube: Kube, desired: dict[str, Any], result: EnsureResult) -> dict[str, Any]:
-    """Create the child, or adopt and re-sync the one already there."""
-    try:
-        created = kube.create(desired)
-        result.created.append(child_key(desired))
-        return created
-    except ApiError as err:
-        if err.status != 409:
-            raise
+def _read(kube: Kube, desired: dict[str, Any]) -> dict[str, Any] | None:
+    """The child as stored under its name, None if there is none."""
     meta = desired["metadata"]
     try:
-        existing = kube.get(resource_of(desired), meta["namespace"], meta["name"])
+        return kube.get(resource_of(desired), meta["namespace"], meta["name"])
     except ApiError as err:
-        if err.status == 404:  # the conflict was not an existing object (or it just went): retry
-            raise ApiError(
-                409, "Conflict", f"{child_key(desired)} conflicted on create but is not there"
-            ) from err
+        if err.status == 404:
+            return None
         raise
+
+
+def _job_uid(obj: Mapping[str, Any]) -> str | None:
+    uid = (obj["metadata"].get("labels") or {}).get(JOB_UID_LABEL)
+    return str(uid) if uid else None
+
+
+def _left_by_earlier_job(desired: dict[str, Any], existing: dict[str, Any]) -> bool:
+    """A child without a controller that carries our marks, but another uid (or none: made before
+    children carried it): left by an earlier job of this name, deleted with --cascade=orphan. Its
+    config, run id, identity or run are that job's, never this one's. A claim is different: its data
+    is what orphaning keeps, and a new run writes to a directory of its own on it."""
+    want = _job_uid(desired)
+    return (
+        desired["kind"] != "PersistentVolumeClaim"
+        and want is not None
+        and _controller_uid(existing) is None
+        and _carries_our_marks(desired, existing)
+        and _job_uid(existing) != want
+    )
+
+
+def _claim(desired: dict[str, Any], existing: dict[str, Any]) -> None:
+    """Raise unless the existing child is this job's to keep in sync (its own, or ours to adopt)."""
+    meta = desired["metadata"]
     owner = (meta.get("ownerReferences") or [{}])[0].get("uid")
     holder = _controller_uid(existing)
     if holder is not None and owner is not None and holder != owner:
@@ -175,10 +225,46 @@ def ensure(kube: Kube, desired: dict[str, Any], result: EnsureResult) -> dict[st
             "llmtrain never takes over an object it did not create: rename the LLMTrainingJob, or "
             "delete or rename that object"
         )
+
+
+def ensure(
+    kube: Kube,
+    desired: dict[str, Any],
+    result: EnsureResult,
+    existing: dict[str, Any] | None,
+    before_create: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Create the child if `existing` (as just read) is None, else adopt and re-sync it.
+
+    Read before create: in a namespace at its ResourceQuota the API server answers a create of an
+    object that already exists with 403 "exceeded quota" before it checks the name (and a create
+    it admits then refuses with 409 still counts against the quota until the quota controller
+    resyncs). `before_create` may raise to stop a create (the job finished meanwhile)."""
+    meta = desired["metadata"]
+    if existing is None:
+        if before_create is not None:
+            before_create(desired)
+        try:
+            created = kube.create(desired)
+            result.created.append(child_key(desired))
+            return created
+        except ApiError as err:
+            if err.status not in (403, 409):
+                raise
+            existing = _read(kube, desired)  # created meanwhile (409), or refused for quota (403)
+            if existing is None:
+                if err.status == 403:
+                    raise
+                raise ApiError(
+                    409, "Conflict", f"{child_key(desired)} conflicted on create but is not there"
+                ) from err
+    _claim(desired, existing)
+    if _left_by_earlier_job(desired, existing):
+        raise LeftByEarlierJob([existing], str(_job_uid(desired)))
     patch = drift_patch(desired, existing)
     if not patch:
         return existing
-    if holder is None:
+    if _controller_uid(existing) is None:
         result.adopted.append(child_key(desired))
     else:
         result.patched.append(child_key(desired))
@@ -203,10 +289,23 @@ def sync_if_present(kube: Kube, desired: dict[str, Any]) -> dict[str, Any] | Non
     return kube.merge_patch(resource_of(desired), meta["namespace"], meta["name"], patch)
 
 
-def ensure_all(kube: Kube, objects: list[dict[str, Any]]) -> EnsureResult:
+def ensure_all(
+    kube: Kube,
+    objects: list[dict[str, Any]],
+    before_rayjob_create: Callable[[dict[str, Any]], None] | None = None,
+) -> EnsureResult:
+    """Every child read first, then created or re-synced in render order. Children an earlier job
+    of this name left are all named at once, before anything is created or changed.
+    `before_rayjob_create` runs just before the RayJob is created (not when it exists): the last
+    chance to see that the job finished or went, since creating a RayJob starts training."""
+    found = [(obj, _read(kube, obj)) for obj in objects]
+    leftovers = [old for obj, old in found if old is not None and _left_by_earlier_job(obj, old)]
+    if leftovers:
+        raise LeftByEarlierJob(leftovers, str(_job_uid(objects[0])))
     result = EnsureResult()
-    for obj in objects:
-        stored = ensure(kube, obj, result)
+    for obj, existing in found:
+        guard = before_rayjob_create if obj["kind"] == "RayJob" else None
+        stored = ensure(kube, obj, result, existing, guard)
         if obj["kind"] == "RayJob":
             result.rayjob = stored
     return result

@@ -2,7 +2,10 @@
 level-triggered pass (`resync_all`), so missed events and failed writes converge.
 
 A RayJob deleted under a running job is created again (the run resumes from its checkpoint); one
-deleted under a finished job is not: a finished job stays finished.
+deleted under a finished job is not: a finished job stays finished. Both paths hold the job's lock
+(`serial.JOB_LOCKS`) and write only over the job as they read it (a conditional write): the resync
+acts on a list that may be a pass old, so it reads the job again before anything that starts work,
+and leaves a job that changed since it was listed to the events that changed it.
 """
 
 from __future__ import annotations
@@ -16,12 +19,13 @@ from typing import Any
 import kopf
 
 from llmtrain.constants import API_GROUP, JOB_LABEL, KIND, RAY_GROUP_VERSION, RAYJOB_KIND
-from llmtrain.operator.children import ChildBeingReplaced, OwnershipConflict
+from llmtrain.operator.children import ChildBeingReplaced, LeftByEarlierJob, OwnershipConflict
 from llmtrain.operator.config import OperatorConfig
 from llmtrain.operator.kube import RESOURCES, ApiError, Kube
 from llmtrain.operator.metrics import ERRORS, PHASE_BOOK
-from llmtrain.operator.reconcile import recreate
+from llmtrain.operator.reconcile import read_again, recreate
 from llmtrain.operator.reporting import JOB_RESOURCE, job_key, report
+from llmtrain.operator.serial import JOB_LOCKS
 from llmtrain.operator.status import Step, ended, finished
 
 RAYJOB_RESOURCE = RESOURCES[(RAY_GROUP_VERSION, RAYJOB_KIND)]
@@ -32,23 +36,29 @@ _MIRROR_ATTEMPTS = 3
 def mirror_rayjob(
     event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any
 ) -> None:
-    """Event handlers are not retried by Kopf: a few quick retries here, then the resync pass."""
-    for attempt in range(_MIRROR_ATTEMPTS):
-        try:
-            job = _owner(memo.kube, body)
-            if job is None:
+    """Event handlers are not retried by Kopf: a few quick retries here (each reads the job again:
+    a 409 means it changed since read), then the resync pass."""
+    ref = owner_ref(body)
+    if ref is None:
+        return
+    with JOB_LOCKS.hold(job_key({"namespace": body["metadata"]["namespace"], "name": ref["name"]})):
+        for attempt in range(_MIRROR_ATTEMPTS):
+            try:
+                job = _owner(memo.kube, body)
+                if job is None:
+                    return
+                if event.get("type") == "DELETED":
+                    rayjob_gone(memo.kube, memo.config, job, body, logger)
+                else:
+                    report(memo.kube, job, body, Step.MIRRORED)
                 return
-            if event.get("type") == "DELETED":
-                rayjob_gone(memo.kube, memo.config, job, body, logger)
-            else:
-                report(memo.kube, job, body, Step.MIRRORED)
-            return
-        except ApiError as err:
-            ERRORS.labels(reason=f"StatusHttp{err.status}").inc()
-            if not err.transient or attempt == _MIRROR_ATTEMPTS - 1:
-                logger.warning(f"cannot mirror RayJob {body['metadata']['name']} yet ({err}); resync will")
-                return
-            time.sleep(err.retry_after or 0.5 * 2**attempt)
+            except ApiError as err:
+                ERRORS.labels(reason=f"StatusHttp{err.status}").inc()
+                if not err.transient or attempt == _MIRROR_ATTEMPTS - 1:
+                    name = body["metadata"]["name"]
+                    logger.warning(f"cannot mirror RayJob {name} yet ({err}); resync will")
+                    return
+                time.sleep(err.retry_after or 0.5 * 2**attempt)
 
 
 def owner_ref(rayjob: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -83,7 +93,13 @@ def rayjob_gone(
     kube: Kube, config: OperatorConfig, job: dict[str, Any], last: Mapping[str, Any] | None, logger: Any
 ) -> None:
     """The job's RayJob was deleted (by a person, a script, or KubeRay after it finished); `last`:
-    its final state, when the deletion was seen rather than inferred from a list."""
+    its final state, when the deletion was seen rather than inferred from a list (then `job`, from
+    the list, is read again first: it may have finished since)."""
+    if last is None:
+        now = read_again(kube, job)
+        if now is None:
+            return
+        job = now
     status = job.get("status") or {}
     if finished(status) or not status.get("rayJobName"):
         return
@@ -130,14 +146,30 @@ def resync_all(kube: Kube, config: OperatorConfig, logger: logging.Logger) -> No
             if finished(status) or not status.get("rayJobName") or meta.get("deletionTimestamp"):
                 continue
             try:
-                rayjob = rayjobs.get((meta["namespace"], str(status["rayJobName"])))
-                if rayjob is None:
-                    rayjob_gone(kube, config, job, None, logger)
-                elif (owner_ref(rayjob) or {}).get("uid") == meta.get("uid"):
-                    report(kube, job, rayjob, Step.MIRRORED)
+                with JOB_LOCKS.hold(job_key(meta)):
+                    _resync_one(
+                        kube, config, job, rayjobs.get((meta["namespace"], str(status["rayJobName"]))), logger
+                    )
             except ApiError as err:
+                if err.status == 409:  # the job changed since it was listed: its own events report it
+                    continue
                 ERRORS.labels(reason=f"ResyncHttp{err.status}").inc()
                 logger.warning(f"resync of {job_key(meta)}: {err}")
-            except (ChildBeingReplaced, OwnershipConflict) as exc:  # one job's trouble, not the pass's
+            except (ChildBeingReplaced, OwnershipConflict, LeftByEarlierJob) as exc:  # this job's trouble
                 logger.warning(f"resync of {job_key(meta)}: {exc}")
     PHASE_BOOK.forget(*(booked - listed))
+
+
+def _resync_one(
+    kube: Kube,
+    config: OperatorConfig,
+    job: dict[str, Any],
+    rayjob: dict[str, Any] | None,
+    logger: logging.Logger,
+) -> None:
+    """One listed job, under its lock: its status from its listed RayJob (written only if the job is
+    still as listed), or, its RayJob missing from the list, `rayjob_gone` (which reads both again)."""
+    if rayjob is None:
+        rayjob_gone(kube, config, job, None, logger)
+    elif (owner_ref(rayjob) or {}).get("uid") == job["metadata"].get("uid"):
+        report(kube, job, rayjob, Step.MIRRORED)

@@ -2,13 +2,16 @@
 them, and report what happened (`reporting.report`).
 
 A finished job is never started again; an invalid spec or a child another owner holds fails the
-job; a creation the API refuses for now (quota, admission) is retried with a growing delay.
+job; a creation the API refuses for now (quota, admission), or children an earlier job of this name
+left behind, wait with a growing delay. Each run holds the job's lock (`serial.JOB_LOCKS`), and the
+job is read again just before its RayJob would be created: Kopf's copy may be older than a finish
+the mirror has written meanwhile.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
@@ -18,6 +21,7 @@ from llmtrain.constants import KUEUE_QUEUE_LABEL
 from llmtrain.operator import workload
 from llmtrain.operator.children import (
     ChildBeingReplaced,
+    LeftByEarlierJob,
     OwnershipConflict,
     child_key,
     ensure_all,
@@ -26,7 +30,8 @@ from llmtrain.operator.children import (
 from llmtrain.operator.config import OperatorConfig
 from llmtrain.operator.kube import ApiError, Kube
 from llmtrain.operator.metrics import ERRORS, PHASE_BOOK, RECONCILE_SECONDS
-from llmtrain.operator.reporting import job_key, report
+from llmtrain.operator.reporting import JOB_RESOURCE, job_key, report
+from llmtrain.operator.serial import JOB_LOCKS
 from llmtrain.operator.status import Failure, Refused, Step, finished, was_invalid
 from llmtrain.render import render
 
@@ -41,8 +46,9 @@ def reconcile(
 ) -> None:
     started = time.perf_counter()
     try:
-        _reconcile(memo.kube, memo.config, body, dict(status), logger, retry)
-    except ApiError as err:  # a status write; the children's errors are handled inside
+        with JOB_LOCKS.hold(job_key(body["metadata"])):
+            _reconcile(memo.kube, memo.config, body, dict(status), logger, retry)
+    except ApiError as err:  # a status write (409: the job changed since read); children's inside
         raise _status_write_failed("status write", err) from err
     finally:
         RECONCILE_SECONDS.observe(time.perf_counter() - started)
@@ -73,7 +79,16 @@ def _reconcile(
         report(kube, body, None, Step.KEPT)
         return
     try:
-        result = ensure_all(kube, objects)
+        result = ensure_all(kube, objects, still_unfinished(kube, body))
+    except JobStopped as exc:  # finished (or went) since Kopf read it: nothing starts again
+        if exc.job is not None:
+            report(kube, exc.job, None, Step.KEPT)
+        return
+    except LeftByEarlierJob as exc:
+        logger.warning(str(exc))
+        delay = _refusal_backoff(retry)
+        report(kube, body, None, Refused(str(exc), delay))
+        raise kopf.TemporaryError(str(exc), delay=delay) from exc
     except ChildBeingReplaced as exc:
         logger.info(str(exc))
         raise kopf.TemporaryError(str(exc), delay=3) from exc
@@ -115,19 +130,67 @@ def _reconcile(
         report(kube, body, result.rayjob, Step.SYNCED)
 
 
+class JobStopped(Exception):
+    """The job finished (`job`: as it is now) or went (None) since it was read: start nothing."""
+
+    def __init__(self, job: dict[str, Any] | None) -> None:
+        super().__init__("the job finished or went since it was read")
+        self.job = job
+
+
+def read_again(kube: Kube, job: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The job as stored now; None when it is gone, being deleted, or a namesake (another uid)."""
+    meta = job["metadata"]
+    try:
+        now = kube.get(JOB_RESOURCE, meta["namespace"], meta["name"])
+    except ApiError as err:
+        if err.status == 404:
+            return None
+        raise
+    if now["metadata"].get("uid") != meta.get("uid") or now["metadata"].get("deletionTimestamp"):
+        return None
+    return now
+
+
+def still_unfinished(kube: Kube, job: Mapping[str, Any]) -> Callable[[dict[str, Any]], None]:
+    """The check before a RayJob is created (which starts training): raise JobStopped if the job,
+    read again, has finished or gone."""
+
+    def check(_rayjob: dict[str, Any]) -> None:
+        now = read_again(kube, job)
+        if now is None or finished(now.get("status") or {}):
+            raise JobStopped(now)
+
+    return check
+
+
 def recreate(kube: Kube, config: OperatorConfig, job: Mapping[str, Any], logger: Any) -> None:
     """Create an unfinished job's children again after its RayJob went; the run resumes from its
-    latest checkpoint. A spec that no longer parses is left to the reconciler."""
+    latest checkpoint. A spec that no longer parses is left to the reconciler; a job that finished
+    or went meanwhile is left alone."""
     try:
         parsed = parse_job(_document(job))
     except InvalidJob:
         return
-    result = ensure_all(kube, render(parsed, config.images))
+    try:
+        result = ensure_all(kube, render(parsed, config.images), still_unfinished(kube, job))
+    except JobStopped:
+        return
     report_recreated(kube, job, result.rayjob, logger)
 
 
 def report_recreated(kube: Kube, job: Mapping[str, Any], rayjob: dict[str, Any], logger: Any) -> None:
-    said = report(kube, job, rayjob, Step.RECREATED)
+    """Said once, on purpose: a job that changed since read (409) is read again and told, since
+    the RayJob exists by now and no later pass would see it recreated."""
+    try:
+        said = report(kube, job, rayjob, Step.RECREATED)
+    except ApiError as err:
+        if err.status != 409:
+            raise
+        now = read_again(kube, job)
+        if now is None:  # gone meanwhile: nothing to tell
+            return
+        said = report(kube, now, rayjob, Step.RECREATED)
     if said.event is not None:
         logger.warning(said.event.message)
 

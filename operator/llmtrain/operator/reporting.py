@@ -73,13 +73,14 @@ def report(
     rayjob: Mapping[str, Any] | None,
     outcome: Outcome,
     *,
-    precondition: bool = False,
+    precondition: bool = True,
 ) -> Report:
     """Write the status `outcome` gives `job` (as the caller read it), and post its Event.
 
-    `precondition` makes the write conditional on the job being unchanged since it was read: a 409
-    then means someone (the mirror) wrote first, and the caller re-reads. A job deleted meanwhile is
-    not an error; any other failure raises ApiError for the caller to retry.
+    The write is conditional on the job's resourceVersion (`precondition`): a status computed from
+    an older copy of the job never lands (a 409; the caller reads again or leaves it to the next
+    event), so a finished job cannot be written back to Running from a stale list. A job deleted
+    meanwhile is not an error; any other failure raises ApiError for the caller to retry.
     """
     said = operator_status(job, rayjob, outcome, now())
     written = _write(kube, job, said.update, precondition)

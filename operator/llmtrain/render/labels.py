@@ -5,17 +5,28 @@ from __future__ import annotations
 from typing import Any
 
 from llmtrain.api.job import LLMTrainingJob
-from llmtrain.constants import GROUP_VERSION, JOB_LABEL, KIND, MANAGED_BY_LABEL, OPERATOR_NAME
+from llmtrain.constants import (
+    GROUP_VERSION,
+    JOB_LABEL,
+    JOB_UID_LABEL,
+    KIND,
+    MANAGED_BY_LABEL,
+    OPERATOR_NAME,
+)
 
 
 def labels(job: LLMTrainingJob, component: str) -> dict[str, str]:
-    return {
+    """The job's uid too, once it has one: which incarnation of the job a child belongs to."""
+    out = {
         "app.kubernetes.io/name": "llmtrain",
         "app.kubernetes.io/instance": job.metadata.name,
         MANAGED_BY_LABEL: OPERATOR_NAME,
         "app.kubernetes.io/component": component,
         JOB_LABEL: job.metadata.name,
     }
+    if job.metadata.uid:
+        out[JOB_UID_LABEL] = job.metadata.uid
+    return out
 
 
 def owner_references(job: LLMTrainingJob) -> list[dict[str, Any]]:

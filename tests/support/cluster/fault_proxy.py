@@ -166,9 +166,18 @@ class FaultProxy:
         """Drop the connection of the next `times` matching requests without an answer (TCP RST)."""
         return self.faults.reset(verb, resource, times=times)
 
-    def delay(self, verb: str, resource: str, seconds: float, *, times: int | None = None) -> Fault:
-        """Forward the matching requests only after `seconds` (None times: all, until cleared)."""
-        return self.faults.delay(verb, resource, seconds, times=times)
+    def delay(
+        self,
+        verb: str,
+        resource: str,
+        seconds: float,
+        *,
+        times: int | None = None,
+        namespace: str | None = None,
+    ) -> Fault:
+        """Forward the matching requests (in `namespace` only, if given) only after `seconds` (None
+        times: all, until cleared)."""
+        return self.faults.delay(verb, resource, seconds, times=times, namespace=namespace)
 
     def clear(self) -> None:
         self.faults.clear()
@@ -258,7 +267,11 @@ class FaultProxy:
 
     async def _serve(self, request: web.BaseRequest) -> web.StreamResponse:
         info = request_info(request.method, request.raw_path)
-        rule = self.faults.take(info.verb, info.group, info.plural, info.subresource) if info.plural else None
+        rule = (
+            self.faults.take(info.verb, info.group, info.plural, info.subresource, info.namespace)
+            if info.plural
+            else None
+        )
         if rule is not None and rule.delay:
             await asyncio.sleep(rule.delay)
         body = await request.content.read()  # no size limit of its own: the API server applies one

@@ -61,12 +61,19 @@ class Fault:
     # How a failure is answered: "status" (the API server's JSON Status), "html" (a load balancer's
     # HTML page with `status`), "reset" (the connection dropped with a TCP RST, no answer at all).
     answer: str = "status"
+    namespace: str | None = None  # None: requests in any namespace (or none)
 
-    def matches(self, verb: str, group: str, plural: str, subresource: str | None) -> bool:
+    def matches(
+        self, verb: str, group: str, plural: str, subresource: str | None, namespace: str | None = None
+    ) -> bool:
         names = {plural, f"{plural}.{group}"} if group else {plural}
         if subresource:
             names = {f"{name}/{subresource}" for name in names}
-        return self.verb in ("*", verb) and (self.resource == "*" or self.resource in names)
+        return (
+            self.verb in ("*", verb)
+            and (self.resource == "*" or self.resource in names)
+            and self.namespace in (None, namespace)
+        )
 
     @property
     def exhausted(self) -> bool:
@@ -101,19 +108,30 @@ class Faults:
         """Drop the connection of the next `times` matching requests (TCP RST) without answering."""
         return self._add(Fault(verb, resource, 0, times, answer="reset"))
 
-    def delay(self, verb: str, resource: str, seconds: float, *, times: int | None = None) -> Fault:
-        """Serve the matching requests normally, but only after `seconds`."""
-        return self._add(Fault(verb, resource, None, times, None, seconds))
+    def delay(
+        self,
+        verb: str,
+        resource: str,
+        seconds: float,
+        *,
+        times: int | None = None,
+        namespace: str | None = None,
+    ) -> Fault:
+        """Serve the matching requests (in `namespace` only, if given) normally, but only after
+        `seconds`."""
+        return self._add(Fault(verb, resource, None, times, None, seconds, namespace=namespace))
 
     def clear(self) -> None:
         with self._lock:
             self._rules.clear()
 
-    def take(self, verb: str, group: str, plural: str, subresource: str | None) -> Fault | None:
+    def take(
+        self, verb: str, group: str, plural: str, subresource: str | None, namespace: str | None = None
+    ) -> Fault | None:
         """Consume one use of the first live rule that matches this request, if any."""
         with self._lock:
             for rule in self._rules:
-                if not rule.exhausted and rule.matches(verb, group, plural, subresource):
+                if not rule.exhausted and rule.matches(verb, group, plural, subresource, namespace):
                     rule.hits += 1
                     return rule
         return None
