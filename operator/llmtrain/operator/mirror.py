@@ -16,6 +16,7 @@ from typing import Any
 import kopf
 
 from llmtrain.constants import API_GROUP, JOB_LABEL, KIND, RAY_GROUP_VERSION, RAYJOB_KIND
+from llmtrain.operator import startup
 from llmtrain.operator.children import ChildBeingReplaced, OwnershipConflict
 from llmtrain.operator.config import OperatorConfig
 from llmtrain.operator.kube import RESOURCES, ApiError, Kube
@@ -41,7 +42,7 @@ def mirror_rayjob(
             if event.get("type") == "DELETED":
                 rayjob_gone(memo.kube, memo.config, job, body, logger)
             else:
-                report(memo.kube, job, body, Step.MIRRORED)
+                startup.mirror(memo.kube, job, body)
             return
         except ApiError as err:
             ERRORS.labels(reason=f"StatusHttp{err.status}").inc()
@@ -134,7 +135,7 @@ def resync_all(kube: Kube, config: OperatorConfig, logger: logging.Logger) -> No
                 if rayjob is None:
                     rayjob_gone(kube, config, job, None, logger)
                 elif (owner_ref(rayjob) or {}).get("uid") == meta.get("uid"):
-                    report(kube, job, rayjob, Step.MIRRORED)
+                    startup.mirror(kube, job, rayjob)
             except ApiError as err:
                 ERRORS.labels(reason=f"ResyncHttp{err.status}").inc()
                 logger.warning(f"resync of {job_key(meta)}: {err}")
