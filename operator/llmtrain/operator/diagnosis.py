@@ -25,6 +25,7 @@ IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImag
 _STARTING = frozenset({"ContainerCreating", "PodInitializing", ""})
 _MISSING = re.compile(r'\b(secret|configmap)s? "([^"]+)" not found', re.IGNORECASE)
 _MISSING_KEY = re.compile(r"couldn't find key (\S+) in (Secret|ConfigMap) ([^\s/]+)/(\S+)", re.IGNORECASE)
+_INSUFFICIENT = re.compile(r"Insufficient (\S+?)[,.]?(?:\s|$)")
 # KubeRay's Events when the API refuses one of the cluster's pods.
 _CREATE_FAILED = frozenset({"FailedToCreateHeadPod", "FailedToCreateWorkerPod", "FailedCreate"})
 # Taint effects that keep a pod off a node (PreferNoSchedule only discourages).
@@ -144,7 +145,7 @@ def _pod_cause(
         if event.get("reason") == "FailedMount":
             found = _MISSING.search(str(event.get("message") or ""))
             if found:
-                return _missing(found.group(1), found.group(2), name, "volume")
+                return _missing(found.group(1), found.group(2), name, "a volume")
     for condition in status.get("conditions") or []:
         if (
             condition.get("type") == "PodScheduled"
@@ -158,7 +159,7 @@ def _pod_cause(
 def _config_cause(message: str, pod: str) -> _Cause:
     found = _MISSING.search(message)
     if found:
-        return _missing(found.group(1), found.group(2), pod, "environment")
+        return _missing(found.group(1), found.group(2), pod, "an env variable")
     key = _MISSING_KEY.search(message)
     if key:
         kind = "Secret" if key.group(2).lower() == "secret" else "ConfigMap"
@@ -170,7 +171,7 @@ def _config_cause(message: str, pod: str) -> _Cause:
 
 def _missing(kind: str, name: str, pod: str, use: str) -> _Cause:
     kind = "Secret" if kind.lower() == "secret" else "ConfigMap"
-    return _Cause(f"Missing{kind}", f'{kind} "{name}" (a {use} reference) does not exist', pod)
+    return _Cause(f"Missing{kind}", f'{kind} "{name}" (referenced by {use}) does not exist', pod)
 
 
 def _refused(message: str) -> _Cause:
@@ -234,9 +235,9 @@ def _unschedulable(pod: Mapping[str, Any], message: str, nodes: Sequence[Mapping
 
 
 def _reason_from_scheduler(message: str) -> str:
-    if "Insufficient" in message:
-        resource = message.split("Insufficient", 1)[1].split(",")[0].split(".")[0].strip()
-        return _insufficient_reason(resource)
+    insufficient = _INSUFFICIENT.search(message)
+    if insufficient:
+        return _insufficient_reason(insufficient.group(1))
     if "untolerated taint" in message:
         return "UntoleratedTaint"
     if "node affinity/selector" in message:
