@@ -1,6 +1,7 @@
 """Least privilege, judged from the API server's side: in one job's life (create, run, suspend,
-orphaned and adopted again, and one that cannot start) a fresh operator process makes only the calls it declares, needs every
-call it declares, and never uses a right it holds only for an admission plugin (`delete`).
+orphaned and adopted again, and one that cannot start) a fresh operator process makes only the
+calls it declares, needs every call it declares, and never uses a right it holds only for an
+admission plugin (`delete`).
 
 The audit log records every request of the platform's ServiceAccounts; the session's operator is
 stopped meanwhile, so the requests after the mark are this process's alone.

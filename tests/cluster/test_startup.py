@@ -183,11 +183,12 @@ def _kubelet_stage(namespace: str, reason: str, message: str) -> dict[str, Any]:
     }
 
 
-# What a kubelet writes (pkg/kubelet/kuberuntime, images): the Secret of the first secretKeyRef in
-# the container's env, or the container's image, both read from the pod KubeRay made.
+# What a kubelet writes (pkg/kubelet/kuberuntime, images) for the missing Secret, which the Stage
+# knows as the one HF_TOKEN references (KubeRay's own auth-token Secret exists), or the image; both
+# read from the pod KubeRay made.
 MISSING_SECRET = (
-    "'secret \"{{ range .env }}{{ if .valueFrom }}{{ if .valueFrom.secretKeyRef }}"
-    "{{ .valueFrom.secretKeyRef.name }}{{ end }}{{ end }}{{ end }}\" not found'"
+    '\'secret "{{ range .env }}{{ if eq .name "HF_TOKEN" }}'
+    "{{ .valueFrom.secretKeyRef.name }}{{ end }}{{ end }}\" not found'"
 )
 IMAGE_BACKOFF = "'Back-off pulling image \"{{ .image }}\"'"
 

@@ -40,6 +40,9 @@ ADOPT = ("delete",)
 
 
 OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
+    # Kopf's resource scanning (cluster-wide installs): a CRD added after the operator started is
+    # noticed and its resources served (operator/settings.py). Read-only.
+    Permission("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),
     # Kopf lists and watches the jobs; its bookkeeping goes to status (no annotations, no
     # finalizers), so the main resource is never written.
     Permission(API_GROUP, PLURAL, ("get", "list", "watch")),
