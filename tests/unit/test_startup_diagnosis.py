@@ -161,6 +161,13 @@ def test_an_untolerated_taint_is_named() -> None:
     found = diagnose(pods, [], nodes)
     assert found is not None and found.reason == "UntoleratedTaint"
     assert f"have taints it does not tolerate: {GPU}=present:NoSchedule" in found.message
+    # Equal tolerates the taint's value only.
+    other = [{"key": GPU, "operator": "Equal", "value": "other", "effect": "NoSchedule"}]
+    found = diagnose([pod("h-1", selector=selector, tolerations=other, unschedulable="...")], [], nodes)
+    assert found is not None and found.reason == "UntoleratedTaint"
+    same = [{"key": GPU, "operator": "Equal", "value": "present", "effect": "NoSchedule"}]
+    found = diagnose([pod("h-1", selector=selector, tolerations=same, unschedulable="...")], [], nodes)
+    assert found is not None and found.reason != "UntoleratedTaint"
 
 
 def test_without_node_rights_the_schedulers_words_stand() -> None:
