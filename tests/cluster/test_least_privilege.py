@@ -88,7 +88,7 @@ def test_one_jobs_life_uses_every_declared_call_and_nothing_else(
         # the cause, and at its start-up deadline its RayJob is stopped (patched, never deleted).
         blocked = cpu_job("lpb", namespace)
         blocked["spec"]["resources"]["nodeSelector"] = {"llmtrain.dev/no-such-pool": "none"}
-        blocked["spec"]["runPolicy"]["startupDeadlineSeconds"] = 15
+        blocked["spec"]["runPolicy"]["startupDeadlineSeconds"] = 30
         apply_doc(cluster, blocked)
         wait_phase(cluster, namespace, "lpb", "Failed", timeout=120)
         wait_for(lambda: get(cluster, "rayjob", "lpb", namespace)["spec"].get("suspend"), what="stopped")

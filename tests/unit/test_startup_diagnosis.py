@@ -343,3 +343,48 @@ def test_a_stopped_rayjob_is_suspended_unless_kueue_owns_suspend_and_an_edit_nev
     assert drift_patch(desired, existing)["spec"]["suspend"] is False, "the plain render would resume it"
     queued = rayjob("Initializing", queued=True)
     assert "suspend" not in {k for k, v in stopped(queued)["spec"].items() if v is True}
+
+
+class FakeKube:
+    """Records the reads and writes `startup.mirror` makes; pods are unschedulable for 16 GPUs."""
+
+    def __init__(self) -> None:
+        self.listed: list[str] = []
+        self.patched: list[tuple[str, dict[str, Any]]] = []
+
+    def list_all(
+        self, res: Any, namespace: Any, label_selector: Any = None, **_: Any
+    ) -> list[dict[str, Any]]:
+        self.listed.append(res.plural)
+        if res.plural == "pods":
+            return [pod("w-1", gpus=16, tolerations=GPU_TOLERATION, unschedulable=SCHEDULER_GPU)]
+        return NODES if res.plural == "nodes" else []
+
+    def merge_patch(
+        self, res: Any, namespace: str, name: str, body: dict[str, Any], **_: Any
+    ) -> dict[str, Any]:
+        self.patched.append((res.plural, body))
+        return {}
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        return obj
+
+
+def test_a_young_attempt_is_not_looked_into_an_older_one_is_and_an_expired_one_is_stopped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from llmtrain.operator import reporting, startup
+
+    kube = FakeKube()
+    monkeypatch.setattr(reporting, "now", lambda: "2026-11-26T10:00:05Z")
+    startup.mirror(kube, job({"phase": "Initializing"}), rayjob("Initializing"))  # type: ignore[arg-type]
+    assert kube.listed == [], "a 5 s old attempt costs no reads"
+    monkeypatch.setattr(reporting, "now", lambda: "2026-11-26T10:00:11Z")
+    startup.mirror(kube, job({"phase": "Initializing"}), rayjob("Initializing"))  # type: ignore[arg-type]
+    assert kube.listed == ["pods", "events", "nodes"]
+    status = [body for plural, body in kube.patched if plural == "llmtrainingjobs"][-1]
+    assert f"it requests 16 {GPU}" in status["status"]["message"]
+    monkeypatch.setattr(reporting, "now", lambda: "2026-11-26T10:10:00Z")
+    startup.mirror(kube, job(status["status"]), rayjob("Initializing"))  # type: ignore[arg-type]
+    stops = [body for plural, body in kube.patched if plural == "rayjobs"]
+    assert stops == [{"spec": {"ttlSecondsAfterFinished": 0, "suspend": True}}], kube.patched

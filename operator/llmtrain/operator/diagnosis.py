@@ -312,6 +312,14 @@ def startup_expired(rayjob: Mapping[str, Any], deadline_seconds: int, now: str) 
     return _parse_time(now) >= started + datetime.timedelta(seconds=deadline_seconds)
 
 
+def starting_for(rayjob: Mapping[str, Any], now: str) -> float:
+    """Seconds since the attempt started (KubeRay's startTime); 0 without one."""
+    start = (rayjob.get("status") or {}).get("startTime")
+    if not start:
+        return 0.0
+    return (_parse_time(now) - _parse_time(str(start))).total_seconds()
+
+
 def deadline_at(rayjob: Mapping[str, Any], deadline_seconds: int) -> str | None:
     """When the attempt fails if it has not started (RFC 3339), or None if it is not starting."""
     status = rayjob.get("status") or {}

@@ -20,24 +20,39 @@ from typing import Any
 
 from llmtrain.api.spec import DEFAULT_STARTUP_DEADLINE_SECONDS
 from llmtrain.constants import JOB_LABEL, KUEUE_QUEUE_LABEL, RAY_GROUP_VERSION, RAYJOB_KIND
-from llmtrain.operator import workload
-from llmtrain.operator.diagnosis import KUBERAY_EXPIRY, STARTING_DEPLOYMENT, Diagnosis, diagnose
+from llmtrain.operator import reporting, workload
+from llmtrain.operator.diagnosis import (
+    KUBERAY_EXPIRY,
+    STARTING_DEPLOYMENT,
+    Diagnosis,
+    diagnose,
+    starting_for,
+    startup_expired,
+)
 from llmtrain.operator.kube import RESOURCES, ApiError, Kube
-from llmtrain.operator.reporting import report
 from llmtrain.operator.status import Report, Startup, Step, startup_failed
 
 PODS = RESOURCES[("v1", "Pod")]
 EVENTS = RESOURCES[("v1", "Event")]
 NODES = RESOURCES[("v1", "Node")]
 RAYJOBS = RESOURCES[(RAY_GROUP_VERSION, RAYJOB_KIND)]
+# An attempt this young is not looked into: its pods are normally still being scheduled and pulled,
+# and a burst of new jobs then costs no reads of pods and Events. A cause shows from the first
+# RayJob event or resync pass after it.
+LOOK_AFTER_SECONDS = 10.0
 log = logging.getLogger(__name__)
 
 
 def mirror(kube: Kube, job: Mapping[str, Any], rayjob: Mapping[str, Any]) -> Report:
     """`report(MIRRORED)` with what blocks a starting job; stops the RayJob of a job that failed to
     start (again, if an earlier stop did not get through)."""
-    startup = Startup(deadline_seconds(job), look(kube, job, rayjob) if starting(rayjob) else None)
-    said = report(kube, job, rayjob, Step.MIRRORED, startup=startup)
+    deadline = deadline_seconds(job)
+    now = reporting.now()
+    worth_a_look = starting(rayjob) and (
+        startup_expired(rayjob, deadline, now) or starting_for(rayjob, now) >= LOOK_AFTER_SECONDS
+    )
+    startup = Startup(deadline, look(kube, job, rayjob) if worth_a_look else None)
+    said = reporting.report(kube, job, rayjob, Step.MIRRORED, startup=startup)
     if said.stop_rayjob or startup_failed(job.get("status") or {}):
         stop(kube, rayjob)
     return said
