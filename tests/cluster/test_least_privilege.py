@@ -1,8 +1,8 @@
 """Least privilege, judged from the API server's side: in one job's life (create, run, suspend,
 orphaned and applied again: its claim adopted, the rest made anew once the user deleted the earlier
-job's leftovers, managed labels patched back) a fresh operator process makes only the calls it
-declares, needs every call it declares, and never uses a right it holds only for an admission
-plugin (`delete`).
+job's leftovers, managed labels patched back; and one that cannot start) a fresh operator process
+makes only the calls it declares, needs every call it declares, and never uses a right it holds
+only for an admission plugin (`delete`).
 
 The audit log records every request of the platform's ServiceAccounts; the session's operator is
 stopped meanwhile, so the requests after the mark are this process's alone.
@@ -117,6 +117,14 @@ def test_one_jobs_life_uses_every_declared_call_and_nothing_else(
         queued["spec"]["runPolicy"]["suspend"] = True
         apply_doc(cluster, queued)
         wait_phase(cluster, namespace, "lpq", "Suspended")
+        # A job whose pods no node takes: its pods, Warning Events and the nodes are read to name
+        # the cause, and at its start-up deadline its RayJob is stopped (patched, never deleted).
+        blocked = cpu_job("lpb", namespace)
+        blocked["spec"]["resources"]["nodeSelector"] = {"llmtrain.dev/no-such-pool": "none"}
+        blocked["spec"]["runPolicy"]["startupDeadlineSeconds"] = 30
+        apply_doc(cluster, blocked)
+        wait_phase(cluster, namespace, "lpb", "Failed", timeout=120)
+        wait_for(lambda: get(cluster, "rayjob", "lpb", namespace)["spec"].get("suspend"), what="stopped")
     finally:
         fresh.stop()
         operator.start()

@@ -520,7 +520,7 @@ def test_one_jobs_conflict_does_not_end_the_resync_pass(monkeypatch: pytest.Monk
     mirrored: list[str] = []
     monkeypatch.setattr(mirror, "rayjob_gone", gone)
     monkeypatch.setattr(mirror, "owner_ref", lambda rayjob: {"uid": "u-b"})
-    monkeypatch.setattr(mirror, "report", lambda kube, j, r, outcome: mirrored.append(j["metadata"]["name"]))
+    monkeypatch.setattr(mirror.startup, "mirror", lambda kube, j, r: mirrored.append(j["metadata"]["name"]))
     mirror.resync_all(Kube(), OperatorConfig(), logging.getLogger("test"))  # type: ignore[arg-type]
     assert mirrored == ["b"]
 

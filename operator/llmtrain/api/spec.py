@@ -42,6 +42,10 @@ MIN_CPUS_PER_PROCESS = 0.5
 
 # The largest value a Kubernetes or KubeRay int32 field holds.
 INT32_MAX = 2**31 - 1
+# 15 minutes: a first pull of a multi-GB CUDA trainer image onto a fresh node takes several
+# minutes, and a job whose pods cannot start should not hold the GPUs of the pods that did for
+# longer than that (Kueue's waitForPodsReady defaults to 5 minutes for the same purpose).
+DEFAULT_STARTUP_DEADLINE_SECONDS = 900
 
 # spec.resumeFrom.run: '<job name>/<run id>' or '<run id>' (a uid, or a local run's job file stem).
 RUN_REF_PATTERN = r"^([a-z]([-a-z0-9]*[a-z0-9])?/)?[A-Za-z0-9][-A-Za-z0-9_.]*$"
@@ -810,6 +814,16 @@ class RunPolicySpec(ApiModel):
         description="Fail the attempt when it has run this long, counted by KubeRay from the start "
         "of each attempt (a retry or a resume starts the clock again); the job then fails without "
         "a retry.",
+    )
+    startup_deadline_seconds: int = Field(
+        default=DEFAULT_STARTUP_DEADLINE_SECONDS,
+        ge=1,
+        le=INT32_MAX,
+        description="Fail the job when its Ray cluster has not started (every pod running, the job "
+        "submitted) this long after each attempt began (KubeRay preRunningDeadlineSeconds, and "
+        "the operator's own check); the job then fails without a retry, its Ray cluster is "
+        "stopped, and the status names what kept it from starting (unschedulable, image pull, a "
+        "missing Secret or ConfigMap, quota). Time spent queued in Kueue does not count.",
     )
     ttl_seconds_after_finished: int = Field(
         default=300,

@@ -86,7 +86,8 @@ class LLMTrainingJobStatus(ApiModel):
     )
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Latest observations (Created, Running, Succeeded, Failed, Suspended, InvalidSpec).",
+        description="Latest observations (Created, Running, Succeeded, Failed, Suspended, InvalidSpec, "
+        "StartupBlocked: what keeps the Ray cluster from starting).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     observed_generation: int | None = Field(default=None, ge=0, description="Generation last acted on.")

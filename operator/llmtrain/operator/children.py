@@ -49,7 +49,12 @@ _PLURALS = {
     "RayJob": "rayjobs",
 }
 # The RayJob spec fields that may change after creation (see the CRD's immutability rules).
-RAYJOB_MUTABLE = ("suspend", "ttlSecondsAfterFinished", "activeDeadlineSeconds")
+RAYJOB_MUTABLE = (
+    "suspend",
+    "ttlSecondsAfterFinished",
+    "activeDeadlineSeconds",
+    "preRunningDeadlineSeconds",
+)
 
 
 def rayjob_synced_fields(desired: dict[str, Any], existing: dict[str, Any]) -> tuple[str, ...]:

@@ -54,6 +54,8 @@ RESOURCES: dict[tuple[str, str], Resource] = {
     ("v1", "PersistentVolumeClaim"): Resource("", "v1", "persistentvolumeclaims"),
     ("v1", "ServiceAccount"): Resource("", "v1", "serviceaccounts"),
     ("v1", "Event"): Resource("", "v1", "events"),
+    ("v1", "Pod"): Resource("", "v1", "pods"),
+    ("v1", "Node"): Resource("", "v1", "nodes"),
     ("rbac.authorization.k8s.io/v1", "Role"): Resource("rbac.authorization.k8s.io", "v1", "roles"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): Resource(
         "rbac.authorization.k8s.io", "v1", "rolebindings"
@@ -167,7 +169,12 @@ class Kube:
         return self.request("GET", res.path(namespace, name))
 
     def list_all(
-        self, res: Resource, namespace: str | None, label_selector: str | None = None, page: int = 500
+        self,
+        res: Resource,
+        namespace: str | None,
+        label_selector: str | None = None,
+        page: int = 500,
+        field_selector: str | None = None,
     ) -> list[dict[str, Any]]:
         """Every object of a collection (paged), in one namespace or all (None)."""
         out: list[dict[str, Any]] = []
@@ -176,6 +183,8 @@ class Kube:
             query = {"limit": str(page)}
             if label_selector:
                 query["labelSelector"] = label_selector
+            if field_selector:
+                query["fieldSelector"] = field_selector
             if token:
                 query["continue"] = token
             data = self.request("GET", f"{res.path(namespace)}?{urllib.parse.urlencode(query)}")

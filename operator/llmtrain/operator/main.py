@@ -26,7 +26,7 @@ def run_operator(config: OperatorConfig) -> int:
     registry = kopf.OperatorRegistry()
     registration.register(registry)
     operator_settings = kopf.OperatorSettings()
-    settings.configure(operator_settings, workers=config.workers)
+    settings.configure(operator_settings, workers=config.workers, clusterwide=not config.namespaces)
     if config.metrics_port:
         start_http_server(config.metrics_port)
     holder = None

@@ -19,6 +19,7 @@ from typing import Any
 import kopf
 
 from llmtrain.constants import API_GROUP, JOB_LABEL, KIND, RAY_GROUP_VERSION, RAYJOB_KIND
+from llmtrain.operator import startup
 from llmtrain.operator.children import ChildBeingReplaced, LeftByEarlierJob, OwnershipConflict
 from llmtrain.operator.config import OperatorConfig
 from llmtrain.operator.kube import RESOURCES, ApiError, Kube
@@ -50,7 +51,7 @@ def mirror_rayjob(
                 if event.get("type") == "DELETED":
                     rayjob_gone(memo.kube, memo.config, job, body, logger)
                 else:
-                    report(memo.kube, job, body, Step.MIRRORED)
+                    startup.mirror(memo.kube, job, body)
                 return
             except ApiError as err:
                 ERRORS.labels(reason=f"StatusHttp{err.status}").inc()
@@ -172,4 +173,4 @@ def _resync_one(
     if rayjob is None:
         rayjob_gone(kube, config, job, None, logger)
     elif (owner_ref(rayjob) or {}).get("uid") == job["metadata"].get("uid"):
-        report(kube, job, rayjob, Step.MIRRORED)
+        startup.mirror(kube, job, rayjob)

@@ -40,6 +40,9 @@ ADOPT = ("delete",)
 
 
 OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
+    # Kopf's resource scanning (cluster-wide installs): a CRD added after the operator started is
+    # noticed and its resources served (operator/settings.py). Read-only.
+    Permission("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),
     # Kopf lists and watches the jobs; its bookkeeping goes to status (no annotations, no
     # finalizers), so the main resource is never written.
     Permission(API_GROUP, PLURAL, ("get", "list", "watch")),
@@ -55,8 +58,13 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
     Permission("rbac.authorization.k8s.io", "rolebindings", ("get", "create", "patch"), ADOPT),
     # A queued job's runPolicy.suspend: its Kueue Workload (de)activated, found by the RayJob's uid.
     Permission(KUEUE_GROUP, KUEUE_WORKLOAD_PLURAL, ("list", "patch")),
-    # Kubernetes Events on phase transitions and errors.
-    Permission("", "events", ("create",)),
+    # Kubernetes Events on phase transitions and errors; a starting job's Warning Events (and its
+    # Ray pods and, for an unschedulable pod, the nodes) are read to name what blocks it
+    # (operator/startup.py). Read-only; a watchNamespaces install cannot read nodes (no
+    # cluster-wide rights) and quotes the scheduler instead.
+    Permission("", "events", ("create", "list")),
+    Permission("", "pods", ("list",)),
+    Permission("", "nodes", ("list",)),
     Permission("events.k8s.io", "events", ("create",)),
 )
 

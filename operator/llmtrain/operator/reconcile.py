@@ -18,7 +18,7 @@ import kopf
 
 from llmtrain.api.validation import InvalidJob, parse_job
 from llmtrain.constants import KUEUE_QUEUE_LABEL
-from llmtrain.operator import workload
+from llmtrain.operator import startup, workload
 from llmtrain.operator.children import (
     ChildBeingReplaced,
     LeftByEarlierJob,
@@ -32,7 +32,7 @@ from llmtrain.operator.kube import ApiError, Kube
 from llmtrain.operator.metrics import ERRORS, PHASE_BOOK, RECONCILE_SECONDS
 from llmtrain.operator.reporting import JOB_RESOURCE, job_key, report
 from llmtrain.operator.serial import JOB_LOCKS
-from llmtrain.operator.status import Failure, Refused, Step, finished, was_invalid
+from llmtrain.operator.status import Failure, Refused, Step, finished, startup_failed, was_invalid
 from llmtrain.render import render
 
 
@@ -74,8 +74,14 @@ def _reconcile(
     objects = render(job, config.images)
     if finished(status):
         # Never started again, whatever became of its RayJob; an edit (e.g. its TTL) still reaches
-        # the RayJob if it is there.
-        sync_if_present(kube, objects[-1])
+        # the RayJob if it is there, except for a job that failed to start: its RayJob stays
+        # stopped (and is stopped again here, after a restart, if that did not get through).
+        if startup_failed(status):
+            stored = sync_if_present(kube, startup.stopped(objects[-1]))
+            if stored is not None:
+                startup.stop(kube, stored)
+        else:
+            sync_if_present(kube, objects[-1])
         report(kube, body, None, Step.KEPT)
         return
     try:

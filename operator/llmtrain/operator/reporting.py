@@ -18,7 +18,7 @@ from typing import Any
 from llmtrain.constants import GROUP_VERSION, KIND, OPERATOR_NAME, RFC3339_FORMAT
 from llmtrain.operator.kube import RESOURCES, ApiError, Kube
 from llmtrain.operator.metrics import PHASE_BOOK
-from llmtrain.operator.status import Announcement, Outcome, Report, operator_status
+from llmtrain.operator.status import Announcement, Outcome, Report, Startup, operator_status
 
 JOB_RESOURCE = RESOURCES[(GROUP_VERSION, KIND)]
 COMPONENT = OPERATOR_NAME
@@ -74,6 +74,7 @@ def report(
     outcome: Outcome,
     *,
     precondition: bool = True,
+    startup: Startup | None = None,
 ) -> Report:
     """Write the status `outcome` gives `job` (as the caller read it), and post its Event.
 
@@ -82,7 +83,7 @@ def report(
     event), so a finished job cannot be written back to Running from a stale list. A job deleted
     meanwhile is not an error; any other failure raises ApiError for the caller to retry.
     """
-    said = operator_status(job, rayjob, outcome, now())
+    said = operator_status(job, rayjob, outcome, now(), startup)
     written = _write(kube, job, said.update, precondition)
     phase = said.update.get("phase")
     if said.event is not None and (

@@ -17,15 +17,21 @@ from llmtrain.operator.config import DEFAULT_WORKERS
 FINALIZER = f"{API_GROUP}/operator"
 
 
-def configure(settings: kopf.OperatorSettings, workers: int = DEFAULT_WORKERS) -> None:
+def configure(
+    settings: kopf.OperatorSettings, workers: int = DEFAULT_WORKERS, *, clusterwide: bool = True
+) -> None:
     settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf.progress")
     settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage(field="status.kopf.lastHandled")
     settings.persistence.finalizer = FINALIZER
     # Events: the handlers' explicit ones (phase transitions, errors) plus warnings and errors logged
     # on a job. Kopf's default (INFO) would also post every info line, ~7 Events per job created.
     settings.posting.level = logging.WARNING
-    # Resources are named explicitly; no need to watch CRDs or namespaces (less RBAC).
-    settings.scanning.disabled = True
+    # Cluster-wide, Kopf watches CRDs and re-reads API discovery for a group whenever one of its
+    # CRDs changes (kopf/_core/reactor/observation.py), so a CRD installed after the operator
+    # (KubeRay's rayjobs, or llmtrain's own, e.g. by a GitOps tool syncing in another order) is
+    # served once it is established, without a restart. A watchNamespaces install has no
+    # cluster-wide rights to watch CRDs: it resolves resources once, at start-up.
+    settings.scanning.disabled = not clusterwide
     settings.execution.max_workers = workers
     # Transient API errors inside Kopf itself (its own patches, watches): short, bounded backoff.
     settings.networking.error_backoffs = [0.5, 1, 2, 4, 8, 15, 30]

@@ -15,8 +15,13 @@ from typing import Any, Literal, assert_never
 
 from llmtrain.api.status import Phase
 from llmtrain.constants import KUEUE_QUEUE_LABEL, SUSPENDED_BY_USER_ANNOTATION
+from llmtrain.operator.diagnosis import Diagnosis, deadline_at, startup_expired
 
 CONDITION_TYPES = ("Created", "Running", "Succeeded", "Failed", "Suspended")
+# True while something named keeps the Ray cluster from starting; False once it started or nothing
+# is found. Written only once a cause was seen.
+STARTUP_CONDITION = "StartupBlocked"
+STARTUP_EXPIRED = "StartupDeadlineExceeded"
 
 
 @dataclass(frozen=True)
@@ -308,6 +313,15 @@ class Announcement:
 
 
 @dataclass(frozen=True)
+class Startup:
+    """What a mirror of a starting job found: its `runPolicy.startupDeadlineSeconds`, and why its
+    Ray cluster has not started (None: nothing found, or not looked at)."""
+
+    deadline_seconds: int
+    diagnosis: Diagnosis | None = None
+
+
+@dataclass(frozen=True)
 class Report:
     """A status update (merged into the job's status) and the Event that goes with it, posted when
     `announce` says: "phase" when the write changes the phase, "write" whenever it writes, "always"
@@ -316,13 +330,20 @@ class Report:
     update: dict[str, Any]
     event: Announcement | None = None
     announce: Literal["phase", "write", "always"] = "phase"
+    # The job failed to start in time: its RayJob must be stopped (operator/startup.py).
+    stop_rayjob: bool = False
 
 
 def operator_status(
-    job: Mapping[str, Any], rayjob: Mapping[str, Any] | None, outcome: Outcome, now: str
+    job: Mapping[str, Any],
+    rayjob: Mapping[str, Any] | None,
+    outcome: Outcome,
+    now: str,
+    startup: Startup | None = None,
 ) -> Report:
     """The operator's part of `job`'s status after `outcome` (`rayjob`: the job's RayJob, None when
-    the outcome needs none), and its Event. Conditions keep their transition times."""
+    the outcome needs none), and its Event. Conditions keep their transition times. `startup`
+    (with MIRRORED): the start-up deadline and what blocks the start."""
     status = dict(job.get("status") or {})
     generation = job["metadata"].get("generation")
     conditions = list(status.get("conditions") or [])
@@ -373,11 +394,103 @@ def operator_status(
         )
         return Report(update, Announcement("Warning", "RayJobRecreated", message), "always")
     if outcome is Step.MIRRORED:
-        if was_invalid(status):
-            return Report({})  # nothing runs; the reconciler reports the spec
+        if was_invalid(status) or startup_failed(status):
+            # Nothing runs: the reconciler reports the spec; a job that failed to start stays
+            # failed while its RayJob is stopped (KubeRay's Retrying or Suspending is not mirrored).
+            return Report({})
         update, observed = derive(rayjob, status, generation, now)
+        if startup is not None:
+            started = startup_status(rayjob, status, update, observed, startup, generation, now)
+            if started is not None:
+                return started
         previous = status.get("phase") or "None"
         kind = "Warning" if observed.phase == "Failed" else "Normal"
         message = f"phase {previous} → {observed.phase}: {observed.message}"
         return Report(update, Announcement(kind, observed.reason, message))
     assert_never(outcome)
+
+
+def startup_failed(status: Mapping[str, Any]) -> bool:
+    """The job failed because it did not start within its deadline (the operator's verdict)."""
+    return status.get("phase") == "Failed" and any(
+        c.get("type") == "Failed" and c.get("status") == "True" and c.get("reason") == STARTUP_EXPIRED
+        for c in status.get("conditions") or []
+    )
+
+
+def recorded_diagnosis(status: Mapping[str, Any]) -> Diagnosis | None:
+    """The cause last written to the StartupBlocked condition: when the deadline passes, the pods
+    that showed it may already be gone (KubeRay deletes the cluster as it retries)."""
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == STARTUP_CONDITION and cond.get("status") == "True":
+            return Diagnosis(str(cond.get("reason")), str(cond.get("message") or ""))
+    return None
+
+
+def _startup_condition(
+    existing: list[dict[str, Any]], diagnosis: Diagnosis | None, generation: int | None, now: str
+) -> list[dict[str, Any]]:
+    """StartupBlocked set to `diagnosis` (True) or cleared (False, only if it was ever written)."""
+    old = next((c for c in existing if c.get("type") == STARTUP_CONDITION), None)
+    if diagnosis is None and old is None:
+        return existing
+    status = "True" if diagnosis is not None else "False"
+    cond: dict[str, Any] = {
+        "type": STARTUP_CONDITION,
+        "status": status,
+        "reason": diagnosis.reason if diagnosis is not None else "NoCauseFound",
+        "message": diagnosis.message if diagnosis is not None else "",
+        "lastTransitionTime": now
+        if old is None or old.get("status") != status
+        else old["lastTransitionTime"],
+    }
+    if generation is not None:
+        cond["observedGeneration"] = generation
+    return [c for c in existing if c.get("type") != STARTUP_CONDITION] + [cond]
+
+
+def startup_status(
+    rayjob: Mapping[str, Any],
+    status: Mapping[str, Any],
+    update: dict[str, Any],
+    observed: Observed,
+    startup: Startup,
+    generation: int | None,
+    now: str,
+) -> Report | None:
+    """The mirrored status of a starting job: Failed (and its RayJob to be stopped) once the
+    start-up deadline has passed; Initializing with the cause named while something blocks it;
+    None when the ordinary mirror says it all."""
+    diagnosis = startup.diagnosis
+    if startup_expired(rayjob, startup.deadline_seconds, now):
+        diagnosis = diagnosis or recorded_diagnosis(status)
+        cause = diagnosis.message if diagnosis is not None else "no cause found in its pods and their Events"
+        message = (
+            f"the Ray cluster did not start within runPolicy.startupDeadlineSeconds "
+            f"({startup.deadline_seconds} s): {cause}; its Ray cluster is stopped and the job is not retried"
+        )
+        conditions = conditions_for("Failed", STARTUP_EXPIRED, message, generation, update["conditions"], now)
+        conditions = _startup_condition(conditions, diagnosis, generation, now)
+        failed = {**update, "phase": "Failed", "message": message, "conditions": conditions}
+        return Report(failed, Announcement("Warning", STARTUP_EXPIRED, message), "write", stop_rayjob=True)
+    starting = observed.phase == "Initializing" and observed.reason != "Retrying"
+    if starting and diagnosis is not None:
+        at = deadline_at(rayjob, startup.deadline_seconds)
+        until = f"; it fails at {at} if it has not started (runPolicy.startupDeadlineSeconds)" if at else ""
+        message = f"{observed.message}; waiting: {diagnosis.message}{until}"
+        conditions = conditions_for(
+            observed.phase, observed.reason, message, generation, list(status.get("conditions") or []), now
+        )
+        conditions = _startup_condition(conditions, diagnosis, generation, now)
+        previous = status.get("phase") or "None"
+        event = Announcement("Warning", diagnosis.reason, f"phase {previous} → {observed.phase}: {message}")
+        blocked = recorded_diagnosis(status)
+        return Report(
+            {**update, "message": message, "conditions": conditions},
+            event,
+            "write" if blocked is None or blocked.message != diagnosis.message else "phase",
+        )
+    # Started, or nothing found: a StartupBlocked written before turns False (in `update`, which the
+    # ordinary mirror then writes).
+    update["conditions"] = _startup_condition(update["conditions"], None, generation, now)
+    return None

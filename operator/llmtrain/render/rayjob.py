@@ -280,6 +280,10 @@ def render_rayjob(job: LLMTrainingJob, images: ImageSettings) -> dict[str, Any]:
         "shutdownAfterJobFinishes": True,
         "ttlSecondsAfterFinished": policy.ttl_seconds_after_finished,
         "backoffLimit": policy.max_retries,
+        # KubeRay (>= 1.6) fails an attempt still Initializing (or Waiting) this long after its
+        # start; older ones prune the field, and the operator's own check (operator/startup.py)
+        # enforces it from the same startTime.
+        "preRunningDeadlineSeconds": policy.startup_deadline_seconds,
         # A queued job is created suspended, as Kueue expects; from then on Kueue owns the field.
         "suspend": policy.suspend or policy.queue_name is not None,
         # The submitter checks `ray job status` before it submits (KubeRay >= 1.3), so a re-run

@@ -1,0 +1,135 @@
+"""A starting job's mirror: the thin I/O around `diagnosis.diagnose` and the start-up deadline.
+
+While a RayJob's attempt is starting (KubeRay's Initializing or Waiting), each mirror of it (its
+events, and the periodic resync pass) reads the job's Ray pods, the namespace's Warning Events and,
+when a pod is unschedulable, the nodes, so the status names what keeps the cluster from starting.
+The deadline is judged from KubeRay's `status.startTime`, never from a timer, so a restarted
+operator judges it the same. Once it has passed (by the operator's clock, or KubeRay's
+`PreRunningDeadlineExceeded`), the job is Failed first and its RayJob stopped after: suspended
+(or, when Kueue owns `suspend`, its Workload deactivated), which deletes the Ray cluster and its
+pods, and `ttlSecondsAfterFinished: 0`, which deletes a cluster KubeRay already failed. KubeRay
+would otherwise retry the attempt (its backoffLimit counts a start-up expiry as a failure).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from llmtrain.api.spec import DEFAULT_STARTUP_DEADLINE_SECONDS
+from llmtrain.constants import JOB_LABEL, KUEUE_QUEUE_LABEL, RAY_GROUP_VERSION, RAYJOB_KIND
+from llmtrain.operator import reporting, workload
+from llmtrain.operator.diagnosis import (
+    KUBERAY_EXPIRY,
+    STARTING_DEPLOYMENT,
+    Diagnosis,
+    diagnose,
+    starting_for,
+    startup_expired,
+)
+from llmtrain.operator.kube import RESOURCES, ApiError, Kube
+from llmtrain.operator.status import Report, Startup, Step, startup_failed
+
+PODS = RESOURCES[("v1", "Pod")]
+EVENTS = RESOURCES[("v1", "Event")]
+NODES = RESOURCES[("v1", "Node")]
+RAYJOBS = RESOURCES[(RAY_GROUP_VERSION, RAYJOB_KIND)]
+# An attempt this young is not looked into: its pods are normally still being scheduled and pulled,
+# and a burst of new jobs then costs no reads of pods and Events. A cause shows from the first
+# RayJob event or resync pass after it.
+LOOK_AFTER_SECONDS = 10.0
+log = logging.getLogger(__name__)
+
+
+def mirror(kube: Kube, job: Mapping[str, Any], rayjob: Mapping[str, Any]) -> Report:
+    """`report(MIRRORED)` with what blocks a starting job; stops the RayJob of a job that failed to
+    start (again, if an earlier stop did not get through)."""
+    deadline = deadline_seconds(job)
+    now = reporting.now()
+    worth_a_look = starting(rayjob) and (
+        startup_expired(rayjob, deadline, now) or starting_for(rayjob, now) >= LOOK_AFTER_SECONDS
+    )
+    startup = Startup(deadline, look(kube, job, rayjob) if worth_a_look else None)
+    said = reporting.report(kube, job, rayjob, Step.MIRRORED, startup=startup)
+    if said.stop_rayjob or startup_failed(job.get("status") or {}):
+        stop(kube, rayjob)
+    return said
+
+
+def starting(rayjob: Mapping[str, Any]) -> bool:
+    status = rayjob.get("status") or {}
+    return status.get("jobDeploymentStatus") in STARTING_DEPLOYMENT or status.get("reason") == KUBERAY_EXPIRY
+
+
+def deadline_seconds(job: Mapping[str, Any]) -> int:
+    """The job's runPolicy.startupDeadlineSeconds (the CRD defaults it; a job stored before the
+    field existed has the default)."""
+    value = ((job.get("spec") or {}).get("runPolicy") or {}).get("startupDeadlineSeconds")
+    return int(value) if isinstance(value, int) and value > 0 else DEFAULT_STARTUP_DEADLINE_SECONDS
+
+
+def look(kube: Kube, job: Mapping[str, Any], rayjob: Mapping[str, Any]) -> Diagnosis | None:
+    """What keeps the job's Ray cluster from starting, read from the API. Best effort: a failed read
+    leaves the cause unnamed this time (logged), never the mirror undone."""
+    meta = job["metadata"]
+    namespace = meta["namespace"]
+    try:
+        pods = kube.list_all(PODS, namespace, label_selector=f"{JOB_LABEL}={meta['name']}")
+        events = kube.list_all(EVENTS, namespace, field_selector="type=Warning")
+        nodes = _nodes(kube) if any(_unschedulable(p) for p in pods) else []
+    except ApiError as err:
+        log.warning(f"cannot read what blocks {namespace}/{meta['name']} from starting: {err}")
+        return None
+    cluster = (rayjob.get("status") or {}).get("rayClusterName")
+    return diagnose(pods, events, nodes, str(cluster) if cluster else None)
+
+
+def _nodes(kube: Kube) -> list[dict[str, Any]] | None:
+    """Every node; None where the operator may not read them (a watchNamespaces install has no
+    cluster-wide rights): the scheduler's message is quoted instead."""
+    try:
+        return kube.list_all(NODES, None)
+    except ApiError as err:
+        if err.status == 403:
+            return None
+        raise
+
+
+def _unschedulable(pod: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+def stopped(rayjob: Mapping[str, Any]) -> dict[str, Any]:
+    """The RayJob as a job that failed to start keeps it: suspended (unless Kueue owns `suspend`)
+    and its cluster deleted as soon as KubeRay finishes it. The reconciler syncs a finished job's
+    RayJob to this form, so an edit of the job never resumes it."""
+    out = {**rayjob, "spec": {**(rayjob.get("spec") or {}), "ttlSecondsAfterFinished": 0}}
+    if not _queued(rayjob):
+        out["spec"]["suspend"] = True
+    return out
+
+
+def stop(kube: Kube, rayjob: Mapping[str, Any]) -> None:
+    """Stop a RayJob whose job failed to start; nothing when it already is."""
+    meta = rayjob["metadata"]
+    spec = rayjob.get("spec") or {}
+    patch: dict[str, Any] = {}
+    if spec.get("ttlSecondsAfterFinished") != 0:
+        patch["ttlSecondsAfterFinished"] = 0
+    if not _queued(rayjob) and not spec.get("suspend"):
+        patch["suspend"] = True
+    if patch:
+        kube.merge_patch(RAYJOBS, meta["namespace"], meta["name"], {"spec": patch})
+    if _queued(rayjob) and meta.get("uid"):
+        # Kueue owns a queued RayJob's suspend: deactivating its Workload makes Kueue suspend it.
+        with contextlib.suppress(workload.WorkloadNotYet):
+            workload.set_active(kube, dict(rayjob), False)
+
+
+def _queued(rayjob: Mapping[str, Any]) -> bool:
+    return KUEUE_QUEUE_LABEL in ((rayjob.get("metadata") or {}).get("labels") or {})
