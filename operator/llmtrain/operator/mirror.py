@@ -19,7 +19,7 @@ from llmtrain.constants import API_GROUP, JOB_LABEL, KIND, RAY_GROUP_VERSION, RA
 from llmtrain.operator.children import ChildBeingReplaced, OwnershipConflict
 from llmtrain.operator.config import OperatorConfig
 from llmtrain.operator.kube import RESOURCES, ApiError, Kube
-from llmtrain.operator.metrics import ERRORS, PHASE_BOOK
+from llmtrain.operator.metrics import ERRORS, PHASE_BOOK, RESYNC
 from llmtrain.operator.reconcile import recreate
 from llmtrain.operator.reporting import JOB_RESOURCE, job_key, report
 from llmtrain.operator.status import Step, ended, finished
@@ -105,7 +105,8 @@ def resync_forever(kube: Kube, config: OperatorConfig, stop: threading.Event) ->
     logger = logging.getLogger("llmtrain.resync")
     while not stop.wait(config.resync_seconds):
         try:
-            resync_all(kube, config, logger)
+            with RESYNC.timed():
+                resync_all(kube, config, logger)
         except Exception:  # never let the loop die; the next period tries again
             logger.exception("resync failed")
 
