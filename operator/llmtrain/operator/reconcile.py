@@ -13,7 +13,7 @@ from typing import Any
 
 import kopf
 
-from llmtrain.api.validation import InvalidJob, parse_job
+from llmtrain.api.validation import InvalidJob, parse_stored_job
 from llmtrain.constants import KUEUE_QUEUE_LABEL
 from llmtrain.operator import workload
 from llmtrain.operator.children import (
@@ -59,7 +59,7 @@ def _reconcile(
     if status.get("phase"):
         PHASE_BOOK.set(job_key(body["metadata"]), status["phase"])  # the gauge again after a restart
     try:
-        job = parse_job(_document(body))
+        job = parse_stored_job(_document(body))
     except InvalidJob as exc:
         message = "invalid spec: " + "; ".join(str(p) for p in exc.problems)
         logger.warning(message)
@@ -119,7 +119,7 @@ def recreate(kube: Kube, config: OperatorConfig, job: Mapping[str, Any], logger:
     """Create an unfinished job's children again after its RayJob went; the run resumes from its
     latest checkpoint. A spec that no longer parses is left to the reconciler."""
     try:
-        parsed = parse_job(_document(job))
+        parsed = parse_stored_job(_document(job))
     except InvalidJob:
         return
     result = ensure_all(kube, render(parsed, config.images))
