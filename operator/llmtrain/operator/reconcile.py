@@ -17,6 +17,7 @@ from llmtrain.api.validation import InvalidJob, parse_stored_job
 from llmtrain.constants import KUEUE_QUEUE_LABEL
 from llmtrain.operator import workload
 from llmtrain.operator.children import (
+    AuthDropped,
     ChildBeingReplaced,
     OwnershipConflict,
     child_key,
@@ -27,7 +28,7 @@ from llmtrain.operator.config import OperatorConfig
 from llmtrain.operator.kube import ApiError, Kube
 from llmtrain.operator.metrics import ERRORS, PHASE_BOOK, RECONCILE_SECONDS
 from llmtrain.operator.reporting import job_key, report
-from llmtrain.operator.status import Failure, Refused, Step, finished, was_invalid
+from llmtrain.operator.status import AUTH_UNSUPPORTED, Failure, Refused, Step, finished, was_invalid
 from llmtrain.render import render
 
 
@@ -80,6 +81,11 @@ def _reconcile(
     except OwnershipConflict as exc:
         _fail(kube, body, "ChildConflict", str(exc))
         return
+    except AuthDropped as exc:
+        if KUEUE_QUEUE_LABEL in (exc.rayjob["metadata"].get("labels") or {}):
+            _sync_workload(kube, exc.rayjob, active=False, logger=logger)
+        _fail(kube, body, AUTH_UNSUPPORTED, str(exc))
+        return
     except ApiError as err:
         ERRORS.labels(reason=f"Http{err.status}").inc()
         if err.transient:
@@ -122,7 +128,11 @@ def recreate(kube: Kube, config: OperatorConfig, job: Mapping[str, Any], logger:
         parsed = parse_stored_job(_document(job))
     except InvalidJob:
         return
-    result = ensure_all(kube, render(parsed, config.images))
+    try:
+        result = ensure_all(kube, render(parsed, config.images))
+    except AuthDropped as exc:
+        _fail(kube, job, AUTH_UNSUPPORTED, str(exc))
+        return
     report_recreated(kube, job, result.rayjob, logger)
 
 
