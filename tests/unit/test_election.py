@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import copy
 import json
+import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -100,3 +103,22 @@ def test_a_transport_error_is_a_failed_call_that_the_clients_loop_survives() -> 
     record = LeaderElectionRecord("me", "3", "2026-11-26 10:00:00", "2026-11-26 10:00:00")  # type: ignore[no-untyped-call]
     assert lock.create("lock", "ops", record) is False
     assert lock.written_at is None
+
+
+def test_a_standby_whose_election_thread_died_fails_its_liveness_probe() -> None:
+    alive = threading.Event()
+    alive.set()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    standby = election._Standby(port, alive.is_set)
+    try:
+        url = f"http://127.0.0.1:{port}/healthz"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            assert response.status == 200
+        alive.clear()
+        with pytest.raises(urllib.error.HTTPError) as failed:
+            urllib.request.urlopen(url, timeout=5)
+        assert failed.value.code == 503
+    finally:
+        standby.close()
