@@ -111,8 +111,12 @@ JOBS: dict[str, dict[str, Any]] = {
         },
     },
     "created-claim": {"storage": {"create": {"size": "1Gi", "storageClassName": "shared-rwx"}}},
-    # The fabric profiles' workers add IPC_LOCK and request their device.
-    "infiniband-fabric": {"resources": {"gpusPerWorker": 8}, "network": {"ncclProfile": "infiniband"}},
+    # The fabric profiles' workers request their device; with ipcLock they add IPC_LOCK.
+    "infiniband-fabric": {
+        "resources": {"gpusPerWorker": 8},
+        "network": {"ncclProfile": "infiniband", "fabric": {"ipcLock": True}},
+    },
+    "efa-fabric-default": {"resources": {"gpusPerWorker": 8}, "network": {"ncclProfile": "efa"}},
     "efa-fabric-named-device": {
         "resources": {"gpusPerWorker": 8, "gpuResourceName": "nvidia.com/mig-3g.40gb"},
         "network": {"ncclProfile": "efa", "fabric": {"resourceName": "example.com/efa", "perWorker": 4}},

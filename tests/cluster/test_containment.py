@@ -412,10 +412,11 @@ def test_what_the_operator_renders_is_admitted(cluster: Cluster, contained: str)
         o["metadata"]["name"] == hashed or not o["metadata"]["name"].startswith(hashed) for o in made.values()
     )
     create_children(cluster, contained, "queued", queue="team-queue")
-    # A GPU job of the infiniband profile: its workers add IPC_LOCK and request the RDMA device.
+    # A GPU job of the infiniband profile with ipcLock: its workers add IPC_LOCK and request the
+    # RDMA device.
     doc = cpu_job("fabric", contained, suspend=True)
     doc["spec"]["resources"].update(gpusPerWorker=8, cpu="4")  # half a core per GPU process
-    doc["spec"]["network"] = {"ncclProfile": "infiniband"}
+    doc["spec"]["network"] = {"ncclProfile": "infiniband", "fabric": {"ipcLock": True}}
     for obj in render(parse_job(doc)):
         result = create(cluster, contained, obj)
         assert result.returncode == 0, f"{obj['kind']}: {result.stderr}"

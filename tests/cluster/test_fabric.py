@@ -1,6 +1,7 @@
 """The infiniband and efa profiles against the real API server's Pod Security admission and the real
-KubeRay: their workers add IPC_LOCK, which neither the restricted nor the baseline level admits, so
-a fabric job's workers are refused in the restricted namespaces every other job runs in, with
+KubeRay. By default their workers add no capability and restricted admits them; with
+`network.fabric.ipcLock` they add IPC_LOCK, which neither the restricted nor the baseline level
+admits, so such a job's workers are refused in the restricted namespaces every other job runs in, with
 PodSecurity's message naming the capability, and run in a namespace enforcing privileged, placed on
 the GPU nodes that advertise the fabric device (kwok nodes, tests/support/cluster/nodes.py).
 """
@@ -23,10 +24,12 @@ DEVICE = "rdma/rdma_shared_device_a"
 ENFORCE = "pod-security.kubernetes.io/enforce"
 
 
-def fabric_job(name: str, namespace: str) -> dict[str, Any]:
+def fabric_job(name: str, namespace: str, *, ipc_lock: bool = True) -> dict[str, Any]:
     doc = cpu_job(name, namespace)
     doc["spec"]["resources"].update(gpusPerWorker=8, cpu="4")  # half a core per GPU process
     doc["spec"]["network"] = {"ncclProfile": "infiniband"}
+    if ipc_lock:
+        doc["spec"]["network"]["fabric"] = {"ipcLock": True}
     return doc
 
 
@@ -64,9 +67,10 @@ def _set_level(cluster: Cluster, namespace: str, level: str) -> None:
     )
 
 
-def _worker_pod(name: str, namespace: str) -> dict[str, Any]:
+def _worker_pod(name: str, namespace: str, *, ipc_lock: bool = True) -> dict[str, Any]:
     """A Pod of the fabric job's worker template, as KubeRay would create it."""
-    (rayjob,) = [o for o in render(parse_job(fabric_job(name, namespace))) if o["kind"] == "RayJob"]
+    doc = fabric_job(name, namespace, ipc_lock=ipc_lock)
+    (rayjob,) = [o for o in render(parse_job(doc)) if o["kind"] == "RayJob"]
     spec = dict(rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"])
     spec["serviceAccountName"] = "default"  # no trainer account exists for a dry run
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{name}-worker"}, "spec": spec}
@@ -87,6 +91,21 @@ def test_pod_security_admits_a_fabric_worker_only_at_privileged(cluster: Cluster
         assert f'violates PodSecurity "{level}:latest"' in refused[level], refused[level]
         assert '"IPC_LOCK"' in refused[level] and "securityContext.capabilities.add" in refused[level]
     assert refused["privileged"] == ""
+
+
+def test_by_default_a_fabric_worker_adds_no_capability_and_is_admitted_at_restricted(
+    cluster: Cluster, namespace: str
+) -> None:
+    """`ipcLock` is off unless asked for: the default fabric worker keeps the namespace restricted."""
+    pod = _worker_pod("fabric", namespace, ipc_lock=False)
+    container = pod["spec"]["containers"][0]
+    assert "add" not in container["securityContext"]["capabilities"]
+    assert container["resources"]["limits"][DEVICE] == "1"
+    _set_level(cluster, namespace, "restricted")
+    result = cluster.kubectl(
+        "create", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(pod), check=False
+    )
+    assert result.returncode == 0 and "PodSecurity" not in result.stderr, result.stderr
 
 
 def test_a_fabric_job_is_refused_by_restricted_pod_security_with_a_clear_message(

@@ -521,8 +521,8 @@ def test_other_profiles_keep_todays_restricted_pods_exactly(profile: str) -> Non
 @pytest.mark.parametrize(
     ("profile", "device"), [("infiniband", "rdma/rdma_shared_device_a"), ("efa", "vpc.amazonaws.com/efa")]
 )
-def test_fabric_workers_request_their_device_and_add_ipc_lock(profile: str, device: str) -> None:
-    rj = rayjob(_gpu_job(network={"ncclProfile": profile}))
+def test_fabric_workers_request_their_device_and_add_ipc_lock_when_asked(profile: str, device: str) -> None:
+    rj = rayjob(_gpu_job(network={"ncclProfile": profile, "fabric": {"ipcLock": True}}))
     head, worker_pod = pods(rj)
     worker = worker_pod["containers"][0]
     assert worker["resources"]["limits"][device] == "1" and worker["resources"]["requests"][device] == "1"
@@ -537,12 +537,19 @@ def test_fabric_workers_request_their_device_and_add_ipc_lock(profile: str, devi
             assert device not in c["resources"]["limits"]
 
 
-def test_fabric_device_name_count_and_ipc_lock_are_configurable() -> None:
-    fabric = {"resourceName": "nvidia.com/hostdev", "perWorker": 8, "ipcLock": False}
+@pytest.mark.parametrize("profile", ["infiniband", "efa"])
+def test_fabric_workers_add_no_capability_by_default(profile: str) -> None:
+    """IPC_LOCK is opt-in: at UID 1000 it is not effective, and it forces privileged Pod Security."""
+    worker = _worker_container(_gpu_job(network={"ncclProfile": profile}))
+    assert worker["securityContext"] == CONTAINER_SECURITY_CONTEXT  # restricted
+
+
+def test_fabric_device_name_and_count_are_configurable() -> None:
+    fabric = {"resourceName": "nvidia.com/hostdev", "perWorker": 8}
     worker = _worker_container(_gpu_job(network={"ncclProfile": "infiniband", "fabric": fabric}))
     assert worker["resources"]["limits"]["nvidia.com/hostdev"] == "8"
     assert "rdma/rdma_shared_device_a" not in worker["resources"]["limits"]
-    assert worker["securityContext"] == CONTAINER_SECURITY_CONTEXT  # restricted again
+    assert worker["securityContext"] == CONTAINER_SECURITY_CONTEXT
 
 
 def test_fabric_profiles_have_nccl_log_its_transport_to_a_file_per_process() -> None:

@@ -698,10 +698,11 @@ class FabricSpec(ApiModel):
         "instance's interfaces (e.g. 4 on p4d.24xlarge, 32 on p5.48xlarge).",
     )
     ipc_lock: bool = Field(
-        default=True,
+        default=False,
         description="Add the IPC_LOCK capability to the worker container for RDMA memory "
-        "registration. It needs the privileged Pod Security level; set false on nodes whose "
-        "container runtime gives pods an unlimited memlock limit, to stay restricted.",
+        "registration. Off by default: the trainer runs as UID 1000, where an added capability "
+        "is not effective (kubernetes#56374), and it forces the privileged Pod Security level; "
+        "registration relies on the memlock limit the nodes' container runtime gives pods.",
     )
     on_socket_fallback: Literal["fail", "warn"] = Field(
         default="fail",

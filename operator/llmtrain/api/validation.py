@@ -97,6 +97,39 @@ def as_decoded(value: Any, schema: dict[str, Any]) -> Any:
     return value
 
 
+def declared_only(value: Any, schema: dict[str, Any]) -> Any:
+    """The document without the fields `schema` does not declare, as the API server prunes them.
+
+    For objects the API server stored: a CRD applied before this operator (Argo CD's order, and
+    Flux's `CreateReplace`) may declare fields this version does not know, and their defaults then
+    appear in every stored job. Those fields are a newer operator's business; this one parses the
+    rest. Objects with no declared fields (metadata, preserved-unknown values) stay whole."""
+    if isinstance(value, dict):
+        props = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        if props is None and not isinstance(extra, dict):
+            return value
+        keep_unknown = schema.get("x-kubernetes-preserve-unknown-fields") is True
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            sub = (props or {}).get(key, extra if isinstance(extra, dict) else None)
+            if sub is not None:
+                out[key] = declared_only(item, sub)
+            elif keep_unknown:
+                out[key] = item
+        return out
+    if isinstance(value, list):
+        return [declared_only(item, schema.get("items", {})) for item in value]
+    return value
+
+
+def parse_stored_job(document: Any) -> LLMTrainingJob:
+    """Parse a job the API server stored, ignoring fields this operator does not declare (see
+    `declared_only`); everything it declares is validated as strictly as `parse_job` does.
+    Admission (the CRD) and `llmtrain validate` stay strict: unknown fields are refused there."""
+    return parse_job(declared_only(document, _schema()) if isinstance(document, dict) else document)
+
+
 def parse_job(document: Any, old: dict[str, Any] | None = None) -> LLMTrainingJob:
     """Parse and fully validate; raise InvalidJob listing every problem.
 

@@ -65,9 +65,27 @@ def rayjob_synced_fields(desired: dict[str, Any], existing: dict[str, Any]) -> t
     queued = KUEUE_QUEUE_LABEL in (desired["metadata"].get("labels") or {}) or KUEUE_QUEUE_LABEL in (
         existing["metadata"].get("labels") or {}
     )
-    if queued:
+    if queued or auth_dropped(desired, existing):
+        # A RayJob stored without its auth was suspended on purpose (AuthDropped): never resumed.
         return tuple(name for name in RAYJOB_MUTABLE if name != "suspend")
     return RAYJOB_MUTABLE
+
+
+def auth_dropped(desired: Mapping[str, Any], stored: Mapping[str, Any]) -> bool:
+    """The RayJob was rendered with Ray token authentication but stored without it: the installed
+    RayJob CRD predates `authOptions` (KubeRay v1.5.1), and the API server prunes the fields a
+    CRD does not declare, without an error."""
+    want = desired.get("spec", {}).get("rayClusterSpec", {}).get("authOptions")
+    have = (stored.get("spec") or {}).get("rayClusterSpec", {}).get("authOptions") or {}
+    return bool(want) and have.get("mode") != want.get("mode")
+
+
+class AuthDropped(Exception):
+    """The job's RayJob would run with Ray's dashboard and job API open (see `auth_dropped`)."""
+
+    def __init__(self, message: str, rayjob: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.rayjob = rayjob
 
 
 class OwnershipConflict(Exception):
@@ -313,4 +331,24 @@ def ensure_all(
         stored = ensure(kube, obj, result, existing, guard)
         if obj["kind"] == "RayJob":
             result.rayjob = stored
+            _refuse_unauthenticated(kube, obj, stored)
     return result
+
+
+def _refuse_unauthenticated(kube: Kube, desired: dict[str, Any], stored: dict[str, Any]) -> None:
+    """A RayJob stored without its auth is suspended at once (KubeRay then deletes its cluster, or
+    never makes one), and AuthDropped fails the job. Kueue owns a queued RayJob's `suspend`: the
+    caller deactivates its Workload instead."""
+    if not auth_dropped(desired, stored):
+        return
+    meta = stored["metadata"]
+    queued = KUEUE_QUEUE_LABEL in (meta.get("labels") or {})
+    if not queued and not stored.get("spec", {}).get("suspend"):
+        kube.merge_patch(resource_of(desired), meta["namespace"], meta["name"], {"spec": {"suspend": True}})
+    raise AuthDropped(
+        f"the API server stored RayJob {meta['name']} without spec.rayClusterSpec.authOptions: the "
+        "installed RayJob CRD predates Ray token authentication, so the Ray dashboard and job API "
+        "would be open to anyone who reaches them. Install KubeRay v1.5.1 or later (its CRDs "
+        "first), then re-create this job; the RayJob was stopped",
+        stored,
+    )

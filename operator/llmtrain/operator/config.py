@@ -63,6 +63,11 @@ class Election:
             retry_seconds=max(1, lease_seconds * 2 // 15),
         )
 
+    @property
+    def request_seconds(self) -> float:
+        """Each Lease call's timeout: two calls (read, then write) fit in one renew deadline."""
+        return self.renew_deadline_seconds / 2
+
     def holder(self) -> str:
         """Unique per process: the pod name (hostname) plus a random suffix, so a restarted
         container never mistakes its predecessor's lease for its own."""

@@ -10,6 +10,7 @@ from prometheus_client import start_http_server
 from llmtrain.operator import kube, registration, settings
 from llmtrain.operator.config import OperatorConfig
 from llmtrain.operator.election import release, wait_until_leading
+from llmtrain.operator.metrics import LEADER, PHASE_BOOK
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
 
@@ -33,6 +34,8 @@ def run_operator(config: OperatorConfig) -> int:
     if config.election is not None:
         kube.load_config()
         holder = wait_until_leading(config.election, liveness_port=config.liveness_port or None)
+    LEADER.set(1)
+    PHASE_BOOK.start()
     liveness = f"http://0.0.0.0:{config.liveness_port}/healthz" if config.liveness_port else None
     kopf.run(
         registry=registry,

@@ -1,13 +1,26 @@
-"""Prometheus metrics of the operator (served on --metrics-port)."""
+"""Prometheus metrics of the operator (served on --metrics-port).
+
+The endpoint starts before the leader election, so a standby serves it too: it says
+`llmtrain_leader 0` and nothing about jobs or resyncs, which only the acting process knows (zeros
+would read as "no jobs" next to the leader's real counts).
+"""
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from llmtrain.api.status import PHASES
 
+LEADER = Gauge(
+    "llmtrain_leader",
+    "1 while this process acts on jobs (it holds the Lease, or runs without election); 0 on standby",
+)
 JOBS = Gauge("llmtrain_jobs", "LLMTrainingJobs by phase, as last written by this operator", ["phase"])
 RECONCILE_SECONDS = Histogram(
     "llmtrain_reconcile_duration_seconds",
@@ -23,8 +36,11 @@ class PhaseBook:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._phases: dict[str, str] = {}
-        for phase in PHASES:
-            JOBS.labels(phase=phase).set(0)
+
+    def start(self) -> None:
+        """This process acts from now on: every phase is reported, at zero until a job has it."""
+        with self._lock:
+            self._publish()
 
     def set(self, key: str, phase: str) -> None:
         with self._lock:
@@ -50,3 +66,60 @@ class PhaseBook:
 
 
 PHASE_BOOK = PhaseBook()
+
+
+class ResyncStats:
+    """The resync loop's health: when a pass last succeeded, how long the last one took, and passes
+    by result. Nothing is exported before the first pass (a standby runs none)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._passes = {"success": 0, "failure": 0}
+        self._last_success: float | None = None
+        self._last_duration: float | None = None
+
+    @contextmanager
+    def timed(self) -> Iterator[None]:
+        """Time one pass; an exception counts it as failed and goes on to the caller."""
+        started, clock = time.time(), time.monotonic()
+        result = "failure"
+        try:
+            yield
+            result = "success"
+        finally:
+            with self._lock:
+                self._passes[result] += 1
+                self._last_duration = time.monotonic() - clock
+                if result == "success":
+                    self._last_success = started
+
+    def collect(self) -> Iterable[Metric]:
+        with self._lock:
+            if self._last_duration is None:
+                return []
+            passes = CounterMetricFamily(
+                "llmtrain_resync_passes", "Resync passes over every job, by result", labels=["result"]
+            )
+            for result, count in self._passes.items():
+                passes.add_metric([result], count)
+            out: list[Metric] = [
+                passes,
+                GaugeMetricFamily(
+                    "llmtrain_resync_last_duration_seconds",
+                    "How long the last resync pass took",
+                    self._last_duration,
+                ),
+            ]
+            if self._last_success is not None:
+                out.append(
+                    GaugeMetricFamily(
+                        "llmtrain_resync_last_success_timestamp_seconds",
+                        "When the last successful resync pass started (Unix time)",
+                        self._last_success,
+                    )
+                )
+            return out
+
+
+RESYNC = ResyncStats()
+REGISTRY.register(RESYNC)

@@ -23,7 +23,7 @@ from llmtrain.operator import startup
 from llmtrain.operator.children import ChildBeingReplaced, LeftByEarlierJob, OwnershipConflict
 from llmtrain.operator.config import OperatorConfig
 from llmtrain.operator.kube import RESOURCES, ApiError, Kube
-from llmtrain.operator.metrics import ERRORS, PHASE_BOOK
+from llmtrain.operator.metrics import ERRORS, PHASE_BOOK, RESYNC
 from llmtrain.operator.reconcile import read_again, recreate
 from llmtrain.operator.reporting import JOB_RESOURCE, job_key, report
 from llmtrain.operator.serial import JOB_LOCKS
@@ -122,7 +122,8 @@ def resync_forever(kube: Kube, config: OperatorConfig, stop: threading.Event) ->
     logger = logging.getLogger("llmtrain.resync")
     while not stop.wait(config.resync_seconds):
         try:
-            resync_all(kube, config, logger)
+            with RESYNC.timed():
+                resync_all(kube, config, logger)
         except Exception:  # never let the loop die; the next period tries again
             logger.exception("resync failed")
 

@@ -16,10 +16,11 @@ from typing import Any
 
 import kopf
 
-from llmtrain.api.validation import InvalidJob, parse_job
+from llmtrain.api.validation import InvalidJob, parse_stored_job
 from llmtrain.constants import KUEUE_QUEUE_LABEL
 from llmtrain.operator import startup, workload
 from llmtrain.operator.children import (
+    AuthDropped,
     ChildBeingReplaced,
     LeftByEarlierJob,
     OwnershipConflict,
@@ -32,7 +33,15 @@ from llmtrain.operator.kube import ApiError, Kube
 from llmtrain.operator.metrics import ERRORS, PHASE_BOOK, RECONCILE_SECONDS
 from llmtrain.operator.reporting import JOB_RESOURCE, job_key, report
 from llmtrain.operator.serial import JOB_LOCKS
-from llmtrain.operator.status import Failure, Refused, Step, finished, startup_failed, was_invalid
+from llmtrain.operator.status import (
+    AUTH_UNSUPPORTED,
+    Failure,
+    Refused,
+    Step,
+    finished,
+    startup_failed,
+    was_invalid,
+)
 from llmtrain.render import render
 
 
@@ -65,7 +74,7 @@ def _reconcile(
     if status.get("phase"):
         PHASE_BOOK.set(job_key(body["metadata"]), status["phase"])  # the gauge again after a restart
     try:
-        job = parse_job(_document(body))
+        job = parse_stored_job(_document(body))
     except InvalidJob as exc:
         message = "invalid spec: " + "; ".join(str(p) for p in exc.problems)
         logger.warning(message)
@@ -100,6 +109,11 @@ def _reconcile(
         raise kopf.TemporaryError(str(exc), delay=3) from exc
     except OwnershipConflict as exc:
         _fail(kube, body, "ChildConflict", str(exc))
+        return
+    except AuthDropped as exc:
+        if KUEUE_QUEUE_LABEL in (exc.rayjob["metadata"].get("labels") or {}):
+            _sync_workload(kube, exc.rayjob, active=False, logger=logger)
+        _fail(kube, body, AUTH_UNSUPPORTED, str(exc))
         return
     except ApiError as err:
         ERRORS.labels(reason=f"Http{err.status}").inc()
@@ -175,12 +189,15 @@ def recreate(kube: Kube, config: OperatorConfig, job: Mapping[str, Any], logger:
     latest checkpoint. A spec that no longer parses is left to the reconciler; a job that finished
     or went meanwhile is left alone."""
     try:
-        parsed = parse_job(_document(job))
+        parsed = parse_stored_job(_document(job))
     except InvalidJob:
         return
     try:
         result = ensure_all(kube, render(parsed, config.images), still_unfinished(kube, job))
     except JobStopped:
+        return
+    except AuthDropped as exc:
+        _fail(kube, job, AUTH_UNSUPPORTED, str(exc))
         return
     report_recreated(kube, job, result.rayjob, logger)
 

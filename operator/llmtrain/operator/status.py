@@ -263,6 +263,18 @@ def was_invalid(status: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "InvalidSpec" and c.get("status") == "True" for c in conditions)
 
 
+# The operator stopped the job's RayJob itself (it was stored without Ray authentication): the
+# RayJob's later states (Suspended, its cluster deleted) are not the job's.
+AUTH_UNSUPPORTED = "AuthUnsupported"
+
+
+def stopped_by_operator(status: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Failed" and c.get("status") == "True" and c.get("reason") == AUTH_UNSUPPORTED
+        for c in status.get("conditions") or []
+    )
+
+
 def finished(status: Mapping[str, Any]) -> bool:
     """Succeeded or Failed for good. A Failed for an invalid spec is re-judged on every edit."""
     return status.get("phase") in TERMINAL and not was_invalid(status)
@@ -294,7 +306,8 @@ class Refused:
 
 @dataclass(frozen=True)
 class Failure:
-    """A permanent failure the operator found: InvalidSpec, ChildConflict or CreateFailed."""
+    """A permanent failure the operator found: InvalidSpec, ChildConflict, CreateFailed or
+    AuthUnsupported."""
 
     reason: str
     message: str
@@ -394,9 +407,10 @@ def operator_status(
         )
         return Report(update, Announcement("Warning", "RayJobRecreated", message), "always")
     if outcome is Step.MIRRORED:
-        if was_invalid(status) or startup_failed(status):
-            # Nothing runs: the reconciler reports the spec; a job that failed to start stays
-            # failed while its RayJob is stopped (KubeRay's Retrying or Suspending is not mirrored).
+        if was_invalid(status) or startup_failed(status) or stopped_by_operator(status):
+            # Nothing runs: the reconciler reports the spec; a job that failed to start, or whose
+            # Ray auth was dropped, stays failed while its RayJob is stopped (KubeRay's Retrying or
+            # Suspending is not mirrored).
             return Report({})
         update, observed = derive(rayjob, status, generation, now)
         if startup is not None:

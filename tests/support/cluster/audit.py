@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
+
+WRITES = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,9 @@ class Call:
     name: str
     code: int
     authorized: bool  # RBAC's decision; a 403 with this True came from admission (e.g. a quota)
+    # Which token made it (its JTI): two processes of one ServiceAccount, each with its own token.
+    credential: str = ""
+    at: datetime | None = None  # when the API server received it
 
     @property
     def permission(self) -> tuple[str, str, str]:
@@ -56,6 +62,10 @@ def calls(log: Path, user: str, since: int = 0) -> list[Call]:
                     code=int((event.get("responseStatus") or {}).get("code", 0)),
                     authorized=(event.get("annotations") or {}).get("authorization.k8s.io/decision")
                     == "allow",
+                    credential=",".join(
+                        event["user"].get("extra", {}).get("authentication.kubernetes.io/credential-id", [])
+                    ),
+                    at=datetime.fromisoformat(event["requestReceivedTimestamp"]),
                 )
             )
     return out

@@ -289,6 +289,9 @@ class FaultProxy:
                 headers=headers,
                 data=body or None,
                 allow_redirects=False,
+                # A body without a Content-Type stays without one (the API server reads it as JSON;
+                # the kubernetes client's Lease calls send none), not aiohttp's octet-stream.
+                skip_auto_headers=() if "Content-Type" in headers else ("Content-Type",),
             )
         except aiohttp.ClientError as exc:
             self._record(info, 502, injected=False)
