@@ -12,6 +12,7 @@ import pytest
 from llmtrain.api.validation import parse_job
 from llmtrain.operator import children
 from llmtrain.operator.children import AuthDropped, auth_dropped, drift_patch, ensure_all
+from llmtrain.operator.kube import ApiError
 from llmtrain.operator.status import AUTH_UNSUPPORTED, Failure, Step, operator_status
 from llmtrain.render import render
 
@@ -40,6 +41,9 @@ class Kube:
 
     def __init__(self) -> None:
         self.patches: list[tuple[str, dict[str, Any]]] = []
+
+    def get(self, resource: Any, namespace: str, name: str) -> dict[str, Any]:
+        raise ApiError(404, "NotFound", f"{name} not found")  # every child is new
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         return _pruned(obj) if obj["kind"] == "RayJob" else copy.deepcopy(obj)
@@ -70,6 +74,7 @@ def test_a_later_sync_never_resumes_it() -> None:
     assert children.rayjob_synced_fields(rayjob, stopped) == (
         "ttlSecondsAfterFinished",
         "activeDeadlineSeconds",
+        "preRunningDeadlineSeconds",
     )
 
 

@@ -13,7 +13,7 @@ from tests.support.jobs import minimal_job, with_path
 NEWER = {
     "spec.elasticity": {"mode": "none"},  # a new top-level section, defaulted by the new CRD
     "spec.resources.gpuSharing": "exclusive",  # a new field inside a known section
-    "spec.runPolicy.startupDeadlineSeconds": 600,
+    "spec.runPolicy.backoffSeconds": 600,
 }
 
 
