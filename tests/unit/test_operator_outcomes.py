@@ -202,3 +202,12 @@ def test_the_first_write_is_conditional_on_the_version_read() -> None:
     kube = _Kube()
     reporting.report(kube, _job(), _rayjob(), Step.CREATED, precondition=True)  # type: ignore[arg-type]
     assert kube.patches[0]["metadata"] == {"resourceVersion": "7"}
+
+
+def test_another_failure_renames_only_the_failed_condition() -> None:
+    """The other conditions keep their own reasons (Running stays NotRunning)."""
+    before = [_condition("Running", "False", "NotRunning", time=BEFORE)]
+    said = operator_status(_job({"conditions": before}), None, Failure("ChildConflict", "m"), NOW)
+    by_type = {c["type"]: c for c in said.update["conditions"]}
+    assert by_type["Running"] == before[0]
+    assert by_type["Failed"]["reason"] == "ChildConflict" and "InvalidSpec" not in by_type

@@ -110,8 +110,9 @@ def derive(
     """The operator's whole part of a job's status, from its RayJob and the status as it is
     (conditions keep their transition times, the trainer's root cause joins a failure); and what
     the RayJob's state means (its reason names the transition's Event)."""
-    labels = rayjob.get("metadata", {}).get("labels") or {}
-    annotations = rayjob.get("metadata", {}).get("annotations") or {}
+    metadata = rayjob["metadata"]  # a RayJob from the API always has it (mirrored_fields reads its name)
+    labels = metadata.get("labels") or {}
+    annotations = metadata.get("annotations") or {}
     held = annotations.get(SUSPENDED_BY_USER_ANNOTATION) == "true"
     observed = with_root_cause(
         observe(dict(rayjob.get("status") or {}), labels.get(KUEUE_QUEUE_LABEL), held),
