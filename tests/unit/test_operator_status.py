@@ -566,3 +566,11 @@ def test_a_rayjob_ends_only_when_it_succeeded_or_failed(deployment: str, ended_:
 
     assert ended({"metadata": {"name": "j"}, "status": {"jobDeploymentStatus": deployment}}) is ended_
     assert not ended({"metadata": {"name": "j"}})
+
+
+def test_kuberays_reason_names_a_failure_only() -> None:
+    """A ValidationFailed RayJob's reason is KubeRay's; a running one's stays ours."""
+    rejected = observe({"jobDeploymentStatus": "ValidationFailed", "reason": "InvalidRayJobSpec"})
+    assert (rejected.phase, rejected.reason) == ("Failed", "InvalidRayJobSpec")
+    running = observe({"jobDeploymentStatus": "Running", "reason": "SomethingElse"})
+    assert (running.phase, running.reason) == ("Running", "Training")

@@ -348,7 +348,8 @@ def operator_status(
             "message": message,
             "observedGeneration": generation,
         }
-        first = outcome.error not in str(status.get("message") or "")  # one Warning per refusal
+        said = status.get("message")
+        first = not (isinstance(said, str) and outcome.error in said)  # one Warning per refusal
         return Report(
             update, Announcement("Warning", "CreateRefused", message), "write" if first else "phase"
         )
