@@ -251,3 +251,29 @@ def test_compute_dtype_follows_precision_and_device(precision: str, gpus: int, c
     assert fsdp is not None and fsdp.states == 16 * n // devices
     block = memory.Shape.from_config(LLAMA3_8B)
     assert block is not None and fsdp.working_set == 2 * compute_bytes * block.block_parameters()
+
+
+def _fixes_for(document: dict[str, Any]) -> str:
+    (finding,) = memory.check(plan_of(document))
+    return finding.message.split(". To fit: ", 1)[1]
+
+
+def test_each_fix_is_named_as_the_spec_spells_it() -> None:
+    """The advice is what a user types into the spec, so it is pinned word for word."""
+    document = example("llama3-8b-fsdp.yaml")
+    document["spec"]["model"] = {"config": LLAMA3_8B, "tokenizer": "byte-level"}
+    document["spec"]["training"].update(gradientCheckpointing=False, microBatchSize=4)
+    micro_batch = "lower training.microBatchSize to 1 (raise gradientAccumulationSteps to keep the batch)."
+    assert _fixes_for(document) == f"set training.gradientCheckpointing: true; or {micro_batch}"
+    # A micro-batch of 2 that only fits as 1 (long sequences, checkpointing already on).
+    document["spec"]["training"].update(gradientCheckpointing=True, microBatchSize=2)
+    document["spec"]["dataset"]["maxSeqLength"] = 32768
+    assert _fixes_for(document) == micro_batch
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_deepspeed_below_zero3_is_told_to_shard_the_parameters(stage: int) -> None:
+    document = example("llama3-70b-zero3-lora.yaml")
+    document["spec"]["model"] = {"config": LLAMA3_70B, "tokenizer": "byte-level"}
+    document["spec"]["strategy"]["deepspeed"]["zeroStage"] = stage
+    assert _fixes_for(document) == "set strategy.deepspeed.zeroStage: 3."
