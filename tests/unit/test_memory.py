@@ -277,3 +277,22 @@ def test_deepspeed_below_zero3_is_told_to_shard_the_parameters(stage: int) -> No
     document["spec"]["model"] = {"config": LLAMA3_70B, "tokenizer": "byte-level"}
     document["spec"]["strategy"]["deepspeed"]["zeroStage"] = stage
     assert _fixes_for(document) == "set strategy.deepspeed.zeroStage: 3."
+
+
+def test_changes_that_fit_only_together_and_with_more_workers_are_named_together() -> None:
+    document = seventy_b_full_ddp()
+    lora = "train LoRA adapters (method.type: lora)"
+    assert _fixes_for(document) == f"use strategy.type: fsdp and {lora}."
+    document["spec"]["model"]["name"] = "meta-llama/Llama-3.1-405B"
+    assert _fixes_for(document) == f"use strategy.type: fsdp and {lora} and raise resources.workers to 3."
+
+
+def test_a_plan_nothing_fixes_says_so() -> None:
+    document = example("llama3-8b-fsdp.yaml")
+    document["spec"]["model"] = {"config": LLAMA3_8B, "tokenizer": "byte-level"}
+    document["spec"]["training"].update(gradientCheckpointing=True, microBatchSize=2)
+    document["spec"]["dataset"]["maxSeqLength"] = 65536
+    (finding,) = memory.check(plan_of(document))
+    assert finding.message.endswith(
+        "). No change of strategy, method or worker count fits: use accelerators with more memory."
+    )
