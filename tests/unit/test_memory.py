@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -293,6 +294,67 @@ def test_a_plan_nothing_fixes_says_so() -> None:
     document["spec"]["training"].update(gradientCheckpointing=True, microBatchSize=2)
     document["spec"]["dataset"]["maxSeqLength"] = 65536
     (finding,) = memory.check(plan_of(document))
-    assert finding.message.endswith(
-        "). No change of strategy, method or worker count fits: use accelerators with more memory."
+    assert finding.message == (
+        "probably does not fit: estimated peak 228.8 GiB per GPU of 80.0 GiB (parameters 3.7 GiB, "
+        "gradients 3.7 GiB, optimizer 7.5 GiB, gathered 832.0 MiB, activations+logits 211.1 GiB, "
+        "runtime 2.0 GiB; 8.03B parameters from the model config, 8.03B trained, 8 device(s)). "
+        "No change of strategy, method or worker count fits: use accelerators with more memory."
     )
+
+
+@pytest.mark.parametrize(
+    ("n", "count", "size"),
+    [
+        (1_005_001, "1.01M", "1001.5 KiB"),
+        (125_000_000, "125.00M", "119.2 MiB"),
+        (2**30, "1.07B", "1.0 GiB"),
+        (1_005_000_001, "1.01B", "958.4 MiB"),
+    ],
+)
+def test_counts_and_sizes_read_as_people_write_them(n: int, count: str, size: str) -> None:
+    assert memory.human_count(n) == count
+    if size.endswith("KiB"):  # below a MiB it is still written in MiB
+        size = f"{n / 2**20:.1f} MiB"
+    assert memory.human_bytes(n) == size
+
+
+def test_the_organisation_in_a_hub_name_says_nothing_of_the_size() -> None:
+    assert memory.parameters_from_name("org-70B/tiny-model") is None
+    assert memory.parameters_from_name("/models/org-70B/tiny-model") is None
+    assert memory.parameters_from_name("org-70B/Llama-3-8B") == 8 * 10**9
+
+
+def test_a_plan_that_needs_exactly_the_devices_memory_fits() -> None:
+    plan = plan_of(example("llama3-8b-fsdp.yaml"))
+
+    @dataclass(frozen=True)
+    class Exactly(memory.Model):
+        states: int = 0
+        peak: int | None = None
+
+        def estimate(self, plan: memory.Plan) -> memory.Estimate | None:
+            if self.states == 0:
+                return None
+            activations = None if self.peak is None else self.peak - self.states
+            return memory.Estimate(self.states, 0, 0, 0, activations, 0, 1, 1, 1, "test")
+
+    assert memory._fits(plan, Exactly(None, None, states=GIB), GIB)
+    assert memory._fits(plan, Exactly(None, None, states=GIB // 2, peak=GIB), GIB)
+    assert not memory._fits(plan, Exactly(None, None, states=GIB, peak=GIB + 1), GIB)
+    assert not memory._fits(plan, Exactly(None, None), GIB)  # no estimate: nothing is known to fit
+
+
+def test_a_cpu_plan_is_measured_against_its_workers_memory() -> None:
+    document = seventy_b_full_ddp()
+    document["spec"]["resources"].update(gpusPerWorker=0, memory="256Gi")
+    document["spec"].pop("network", None)  # the example's InfiniBand profile needs GPUs
+    (finding,) = memory.check(plan_of(document))
+    assert "per worker (resources.memory) of 256.0 GiB" in finding.message
+
+
+def test_check_reads_the_config_it_is_given_over_the_specs() -> None:
+    """The trainer's preflight passes the config.json it read; the spec named only the model."""
+    plan = plan_of(example("llama3-8b-fsdp.yaml"))
+    assert memory.check(plan) == []
+    (finding,) = memory.check(plan, LLAMA3_70B)
+    assert "70.55B parameters from the model config" in finding.message
