@@ -143,7 +143,9 @@ def test_70b_full_with_ddp_cannot_fit_and_says_what_would() -> None:
         "per GPU of 80.0 GiB" in message
         and "from the size in the name 'meta-llama/Meta-Llama-3-70B'" in message
     )
-    assert "activations not counted" in message
+    assert (
+        "8 device(s); activations not counted until the model's config.json is read at start-up). " in message
+    )
     assert "To fit: use strategy.type: fsdp and train LoRA adapters (method.type: lora)" in message
 
 
@@ -165,7 +167,7 @@ def test_activations_that_do_not_fit_are_a_warning_naming_checkpointing() -> Non
     document["spec"]["model"] = {"config": LLAMA3_8B, "tokenizer": "byte-level"}
     document["spec"]["training"].update(gradientCheckpointing=False, microBatchSize=4)
     findings = memory.check(plan_of(document))
-    assert len(findings) == 1 and not findings[0].error
+    assert len(findings) == 1 and findings[0].error is False
     assert findings[0].message.startswith("probably does not fit: estimated peak")
     assert "set training.gradientCheckpointing: true" in findings[0].message
 
@@ -358,3 +360,19 @@ def test_check_reads_the_config_it_is_given_over_the_specs() -> None:
     assert memory.check(plan) == []
     (finding,) = memory.check(plan, LLAMA3_70B)
     assert "70.55B parameters from the model config" in finding.message
+
+
+def test_a_plan_at_exactly_the_devices_memory_draws_no_finding(monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = plan_of(example("llama3-8b-fsdp.yaml"))
+    capacity = plan.capacity
+    assert capacity is not None
+    for states, peak in ((capacity, capacity), (capacity // 2, capacity)):
+        exact = memory.Estimate(states, 0, 0, 0, peak - states, 0, 1, 1, 1, "test")
+        monkeypatch.setattr(memory, "estimate", lambda *args, e=exact: e)
+        assert memory.check(plan) == []
+
+
+def test_one_gpu_per_worker_is_a_gpu_plan() -> None:
+    document = example("llama3-8b-fsdp.yaml")
+    document["spec"]["resources"]["gpusPerWorker"] = 1
+    assert plan_of(document).on_gpu
