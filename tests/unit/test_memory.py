@@ -310,6 +310,7 @@ def test_a_plan_nothing_fixes_says_so() -> None:
         (1_005_001, "1.01M", "1001.5 KiB"),
         (125_000_000, "125.00M", "119.2 MiB"),
         (2**30, "1.07B", "1.0 GiB"),
+        (10**9, "1.00B", "953.7 MiB"),
         (1_005_000_001, "1.01B", "958.4 MiB"),
     ],
 )
@@ -376,3 +377,18 @@ def test_one_gpu_per_worker_is_a_gpu_plan() -> None:
     document = example("llama3-8b-fsdp.yaml")
     document["spec"]["resources"]["gpusPerWorker"] = 1
     assert plan_of(document).on_gpu
+
+
+def _seventy_b_lora_zero(stage: int, gpus: int) -> dict[str, Any]:
+    document = example("llama3-70b-zero3-lora.yaml")
+    document["spec"]["model"] = {"config": LLAMA3_70B, "tokenizer": "byte-level"}
+    document["spec"]["resources"].update(workers=1, gpusPerWorker=gpus)
+    document["spec"]["strategy"]["deepspeed"]["zeroStage"] = stage
+    return document
+
+
+def test_zero3_is_advised_as_deepspeed_and_never_to_a_zero3_plan() -> None:
+    """On 4 GPUs ZeRO-3 fits where FSDP (which keeps fp32 parameters) would not; a plan already at
+    ZeRO-3 is never told to set it."""
+    assert _fixes_for(_seventy_b_lora_zero(1, 4)) == "set strategy.deepspeed.zeroStage: 3."
+    assert "zeroStage" not in _fixes_for(_seventy_b_lora_zero(3, 2))
