@@ -148,6 +148,10 @@ def test_a_result_reads_back_as_written_with_its_skipped_checkpoints(tmp_path: P
     # Indented for people who `cat` it; JSON has no tuples, so the list is written.
     assert text == json.dumps(result.to_dict(), indent=2) + "\n"
     assert json.loads(text)["skipped_checkpoints"] == ["checkpoint-step-00000040 (rank 0: torn)"]
+    # The dict itself is JSON's shape: one key per field, lists for tuples.
+    as_dict = result.to_dict()
+    assert set(as_dict) == set(RunResult.__dataclass_fields__)
+    assert as_dict["skipped_checkpoints"] == ["checkpoint-step-00000040 (rank 0: torn)"]
     assert RunResult.read(tmp_path) == result
 
 
