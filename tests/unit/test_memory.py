@@ -392,3 +392,14 @@ def test_zero3_is_advised_as_deepspeed_and_never_to_a_zero3_plan() -> None:
     ZeRO-3 is never told to set it."""
     assert _fixes_for(_seventy_b_lora_zero(1, 4)) == "set strategy.deepspeed.zeroStage: 3."
     assert "zeroStage" not in _fixes_for(_seventy_b_lora_zero(3, 2))
+
+
+def test_the_zero3_change_keeps_the_users_offload_and_skips_a_zero3_plan() -> None:
+    document = _seventy_b_lora_zero(1, 8)
+    document["spec"]["strategy"]["deepspeed"]["offloadOptimizer"] = True
+    changes = dict(memory._changes(plan_of(document)))
+    zero3 = changes["set strategy.deepspeed.zeroStage: 3"](plan_of(document)).strategy
+    assert zero3.type == "deepspeed" and zero3.deepspeed is not None
+    assert (zero3.deepspeed.zero_stage, zero3.deepspeed.offload_optimizer) == (3, True)
+    already = dict(memory._changes(plan_of(_seventy_b_lora_zero(3, 8))))
+    assert "set strategy.deepspeed.zeroStage: 3" not in already
