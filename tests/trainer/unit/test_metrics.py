@@ -96,3 +96,27 @@ def test_a_cpu_has_no_peak_and_a_known_gpu_has_its_own(monkeypatch: pytest.Monke
     assert peak_flops(cuda) == dict(PEAK_BF16_FLOPS)["H100"] and asked == [cuda]
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "Some Future Accelerator")
     assert peak_flops(cuda) is None
+
+
+def test_the_first_interval_counts_only_its_own_flops_and_no_time_means_no_mfu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from llmtrain_trainer import metrics
+
+    clock = _Clock()
+    monkeypatch.setattr(metrics.time, "perf_counter", clock)
+    meter = Throughput(peak=1e12, world_size=1)
+    clock.now += 1.0
+    meter.add(10, 0.5)
+    assert meter.measure()[1] == pytest.approx(0.5 / 1e12, rel=1e-9)
+    meter.add(10, 1e9)  # FLOPs but no time: neither a rate nor an MFU (and no division by zero)
+    assert meter.measure() == (0.0, None)
+
+
+def test_the_eta_counts_only_what_is_left() -> None:
+    from llmtrain_trainer.metrics import eta_seconds
+
+    assert eta_seconds(0, 2.0) == 0.0
+    assert eta_seconds(10, 2.0, checkpoint_seconds=30.0) == 20.0  # no checkpoint left to write
+    assert eta_seconds(10, 2.0, checkpoints_left=2) == 20.0  # their cost not known yet
+    assert eta_seconds(10, 2.0, 0, 30.0) == 20.0
