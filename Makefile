@@ -15,7 +15,7 @@ DEEPSPEED_SPEC ?= deepspeed==0.19.8
 PYTEST_ARGS ?= -m "not e2e"
 
 .PHONY: help install test test-fast lock lint format generate demo render-example manifests e2e \
-        tools images prepare cluster cluster-down bench-operator bench-trainer bench-gpu clean
+        tools images prepare cluster cluster-down mutate bench-operator bench-trainer bench-gpu clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -90,6 +90,10 @@ demo: $(STAMP) ## train examples/tiny-cpu.yaml locally on CPU (a few minutes)
 
 render-example: $(STAMP) ## print what the 8B FSDP example becomes in the cluster
 	$(BIN)/llmtrain render examples/llama3-8b-fsdp.yaml
+
+MUTATE_ARGS ?=
+mutate: $(STAMP) ## mutation testing of the core (mutmut, incremental; not in `make test`): prints mutation_score=
+	nice -n 15 $(PY) hack/mutate.py $(MUTATE_ARGS)
 
 e2e: $(STAMP) ## kind end-to-end test (needs docker, kind, helm, kubectl; uses .venv's llmtrain upload)
 	LLMTRAIN=$(BIN)/llmtrain bash tests/e2e/run.sh

@@ -276,7 +276,7 @@ def device_memory_bytes(resources: ResourcesSpec) -> int | None:
 
 def parameters_from_name(name: str) -> int | None:
     """The parameter count a hub model states in its name (`Llama-3.1-70B`, `Mixtral-8x7B`)."""
-    matches = list(_SIZE_IN_NAME.finditer(name.rsplit("/", 1)[-1]))
+    matches = list(_SIZE_IN_NAME.finditer(name.rpartition("/")[2]))  # the organisation says nothing
     if not matches:
         return None
     match = matches[-1]
@@ -480,7 +480,7 @@ def _fits(plan: Plan, model: Model, capacity: int) -> bool:
 
 def _workers_needed(plan: Plan, model: Model, capacity: int) -> int | None:
     """The fewest workers (up to the spec's bound) that fit, when sharding makes more workers help."""
-    if plan.strategy.type == "ddp":
+    if plan.strategy.type == "ddp":  # a shortcut: DDP's per-device memory ignores the worker count
         return None
 
     def fits(workers: int) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -142,7 +143,9 @@ def test_70b_full_with_ddp_cannot_fit_and_says_what_would() -> None:
         "per GPU of 80.0 GiB" in message
         and "from the size in the name 'meta-llama/Meta-Llama-3-70B'" in message
     )
-    assert "activations not counted" in message
+    assert (
+        "8 device(s); activations not counted until the model's config.json is read at start-up). " in message
+    )
     assert "To fit: use strategy.type: fsdp and train LoRA adapters (method.type: lora)" in message
 
 
@@ -164,7 +167,7 @@ def test_activations_that_do_not_fit_are_a_warning_naming_checkpointing() -> Non
     document["spec"]["model"] = {"config": LLAMA3_8B, "tokenizer": "byte-level"}
     document["spec"]["training"].update(gradientCheckpointing=False, microBatchSize=4)
     findings = memory.check(plan_of(document))
-    assert len(findings) == 1 and not findings[0].error
+    assert len(findings) == 1 and findings[0].error is False
     assert findings[0].message.startswith("probably does not fit: estimated peak")
     assert "set training.gradientCheckpointing: true" in findings[0].message
 
@@ -251,3 +254,152 @@ def test_compute_dtype_follows_precision_and_device(precision: str, gpus: int, c
     assert fsdp is not None and fsdp.states == 16 * n // devices
     block = memory.Shape.from_config(LLAMA3_8B)
     assert block is not None and fsdp.working_set == 2 * compute_bytes * block.block_parameters()
+
+
+def _fixes_for(document: dict[str, Any]) -> str:
+    (finding,) = memory.check(plan_of(document))
+    return finding.message.split(". To fit: ", 1)[1]
+
+
+def test_each_fix_is_named_as_the_spec_spells_it() -> None:
+    """The advice is what a user types into the spec, so it is pinned word for word."""
+    document = example("llama3-8b-fsdp.yaml")
+    document["spec"]["model"] = {"config": LLAMA3_8B, "tokenizer": "byte-level"}
+    document["spec"]["training"].update(gradientCheckpointing=False, microBatchSize=4)
+    micro_batch = "lower training.microBatchSize to 1 (raise gradientAccumulationSteps to keep the batch)."
+    assert _fixes_for(document) == f"set training.gradientCheckpointing: true; or {micro_batch}"
+    # A micro-batch of 2 that only fits as 1 (long sequences, checkpointing already on).
+    document["spec"]["training"].update(gradientCheckpointing=True, microBatchSize=2)
+    document["spec"]["dataset"]["maxSeqLength"] = 32768
+    assert _fixes_for(document) == micro_batch
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_deepspeed_below_zero3_is_told_to_shard_the_parameters(stage: int) -> None:
+    document = example("llama3-70b-zero3-lora.yaml")
+    document["spec"]["model"] = {"config": LLAMA3_70B, "tokenizer": "byte-level"}
+    document["spec"]["strategy"]["deepspeed"]["zeroStage"] = stage
+    assert _fixes_for(document) == "set strategy.deepspeed.zeroStage: 3."
+
+
+def test_changes_that_fit_only_together_and_with_more_workers_are_named_together() -> None:
+    document = seventy_b_full_ddp()
+    lora = "train LoRA adapters (method.type: lora)"
+    assert _fixes_for(document) == f"use strategy.type: fsdp and {lora}."
+    document["spec"]["model"]["name"] = "meta-llama/Llama-3.1-405B"
+    assert _fixes_for(document) == f"use strategy.type: fsdp and {lora} and raise resources.workers to 3."
+
+
+def test_a_plan_nothing_fixes_says_so() -> None:
+    document = example("llama3-8b-fsdp.yaml")
+    document["spec"]["model"] = {"config": LLAMA3_8B, "tokenizer": "byte-level"}
+    document["spec"]["training"].update(gradientCheckpointing=True, microBatchSize=2)
+    document["spec"]["dataset"]["maxSeqLength"] = 65536
+    (finding,) = memory.check(plan_of(document))
+    assert finding.message == (
+        "probably does not fit: estimated peak 228.8 GiB per GPU of 80.0 GiB (parameters 3.7 GiB, "
+        "gradients 3.7 GiB, optimizer 7.5 GiB, gathered 832.0 MiB, activations+logits 211.1 GiB, "
+        "runtime 2.0 GiB; 8.03B parameters from the model config, 8.03B trained, 8 device(s)). "
+        "No change of strategy, method or worker count fits: use accelerators with more memory."
+    )
+
+
+@pytest.mark.parametrize(
+    ("n", "count", "size"),
+    [
+        (1_005_001, "1.01M", "1001.5 KiB"),
+        (125_000_000, "125.00M", "119.2 MiB"),
+        (2**30, "1.07B", "1.0 GiB"),
+        (10**9, "1.00B", "953.7 MiB"),
+        (1_005_000_001, "1.01B", "958.4 MiB"),
+    ],
+)
+def test_counts_and_sizes_read_as_people_write_them(n: int, count: str, size: str) -> None:
+    assert memory.human_count(n) == count
+    if size.endswith("KiB"):  # below a MiB it is still written in MiB
+        size = f"{n / 2**20:.1f} MiB"
+    assert memory.human_bytes(n) == size
+
+
+def test_the_organisation_in_a_hub_name_says_nothing_of_the_size() -> None:
+    assert memory.parameters_from_name("org-70B/tiny-model") is None
+    assert memory.parameters_from_name("/models/org-70B/tiny-model") is None
+    assert memory.parameters_from_name("org-70B/Llama-3-8B") == 8 * 10**9
+
+
+def test_a_plan_that_needs_exactly_the_devices_memory_fits() -> None:
+    plan = plan_of(example("llama3-8b-fsdp.yaml"))
+
+    @dataclass(frozen=True)
+    class Exactly(memory.Model):
+        states: int = 0
+        peak: int | None = None
+
+        def estimate(self, plan: memory.Plan) -> memory.Estimate | None:
+            if self.states == 0:
+                return None
+            activations = None if self.peak is None else self.peak - self.states
+            return memory.Estimate(self.states, 0, 0, 0, activations, 0, 1, 1, 1, "test")
+
+    assert memory._fits(plan, Exactly(None, None, states=GIB), GIB)
+    assert memory._fits(plan, Exactly(None, None, states=GIB // 2, peak=GIB), GIB)
+    assert not memory._fits(plan, Exactly(None, None, states=GIB, peak=GIB + 1), GIB)
+    assert not memory._fits(plan, Exactly(None, None), GIB)  # no estimate: nothing is known to fit
+
+
+def test_a_cpu_plan_is_measured_against_its_workers_memory() -> None:
+    document = seventy_b_full_ddp()
+    document["spec"]["resources"].update(gpusPerWorker=0, memory="256Gi")
+    document["spec"].pop("network", None)  # the example's InfiniBand profile needs GPUs
+    (finding,) = memory.check(plan_of(document))
+    assert "per worker (resources.memory) of 256.0 GiB" in finding.message
+
+
+def test_check_reads_the_config_it_is_given_over_the_specs() -> None:
+    """The trainer's preflight passes the config.json it read; the spec named only the model."""
+    plan = plan_of(example("llama3-8b-fsdp.yaml"))
+    assert memory.check(plan) == []
+    (finding,) = memory.check(plan, LLAMA3_70B)
+    assert "70.55B parameters from the model config" in finding.message
+
+
+def test_a_plan_at_exactly_the_devices_memory_draws_no_finding(monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = plan_of(example("llama3-8b-fsdp.yaml"))
+    capacity = plan.capacity
+    assert capacity is not None
+    for states, peak in ((capacity, capacity), (capacity // 2, capacity)):
+        exact = memory.Estimate(states, 0, 0, 0, peak - states, 0, 1, 1, 1, "test")
+        monkeypatch.setattr(memory, "estimate", lambda *args, e=exact: e)
+        assert memory.check(plan) == []
+
+
+def test_one_gpu_per_worker_is_a_gpu_plan() -> None:
+    document = example("llama3-8b-fsdp.yaml")
+    document["spec"]["resources"]["gpusPerWorker"] = 1
+    assert plan_of(document).on_gpu
+
+
+def _seventy_b_lora_zero(stage: int, gpus: int) -> dict[str, Any]:
+    document = example("llama3-70b-zero3-lora.yaml")
+    document["spec"]["model"] = {"config": LLAMA3_70B, "tokenizer": "byte-level"}
+    document["spec"]["resources"].update(workers=1, gpusPerWorker=gpus)
+    document["spec"]["strategy"]["deepspeed"]["zeroStage"] = stage
+    return document
+
+
+def test_zero3_is_advised_as_deepspeed_and_never_to_a_zero3_plan() -> None:
+    """On 4 GPUs ZeRO-3 fits where FSDP (which keeps fp32 parameters) would not; a plan already at
+    ZeRO-3 is never told to set it."""
+    assert _fixes_for(_seventy_b_lora_zero(1, 4)) == "set strategy.deepspeed.zeroStage: 3."
+    assert "zeroStage" not in _fixes_for(_seventy_b_lora_zero(3, 2))
+
+
+def test_the_zero3_change_keeps_the_users_offload_and_skips_a_zero3_plan() -> None:
+    document = _seventy_b_lora_zero(1, 8)
+    document["spec"]["strategy"]["deepspeed"]["offloadOptimizer"] = True
+    changes = dict(memory._changes(plan_of(document)))
+    zero3 = changes["set strategy.deepspeed.zeroStage: 3"](plan_of(document)).strategy
+    assert zero3.type == "deepspeed" and zero3.deepspeed is not None
+    assert (zero3.deepspeed.zero_stage, zero3.deepspeed.offload_optimizer) == (3, True)
+    already = dict(memory._changes(plan_of(_seventy_b_lora_zero(3, 8))))
+    assert "set strategy.deepspeed.zeroStage: 3" not in already

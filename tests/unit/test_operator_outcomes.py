@@ -202,3 +202,23 @@ def test_the_first_write_is_conditional_on_the_version_read() -> None:
     kube = _Kube()
     reporting.report(kube, _job(), _rayjob(), Step.CREATED, precondition=True)  # type: ignore[arg-type]
     assert kube.patches[0]["metadata"] == {"resourceVersion": "7"}
+
+
+def test_another_failure_renames_only_the_failed_condition() -> None:
+    """The other conditions keep their own reasons (Running stays NotRunning)."""
+    before = [_condition("Running", "False", "NotRunning", time=BEFORE)]
+    said = operator_status(_job({"conditions": before}), None, Failure("ChildConflict", "m"), NOW)
+    by_type = {c["type"]: c for c in said.update["conditions"]}
+    assert by_type["Running"] == before[0]
+    assert by_type["Failed"]["reason"] == "ChildConflict" and "InvalidSpec" not in by_type
+
+
+@pytest.mark.parametrize("outcome", [Step.SYNCED, Step.CREATED, Step.RECREATED, Step.MIRRORED])
+def test_the_conditions_an_outcome_writes_carry_its_generation_and_time(outcome: Step) -> None:
+    invalid = outcome in (Step.SYNCED, Step.CREATED)
+    job = _job({"phase": "Running", "conditions": INVALID if invalid else []}, generation=3)
+    said = operator_status(job, _rayjob({"jobDeploymentStatus": "Running"}), outcome, NOW)
+    written = said.update["conditions"]
+    if outcome is Step.SYNCED:  # only InvalidSpec is the sync's to write
+        written = [c for c in written if c["type"] == "InvalidSpec"]
+    assert written and all(c["observedGeneration"] == 3 and c["lastTransitionTime"] == NOW for c in written)

@@ -622,3 +622,100 @@ def test_a_finished_job_is_finished_for_good(phase: str) -> None:
     assert not finished({"phase": "Running"}) and not finished({"phase": "Suspended"})
     invalid = {"phase": "Failed", "conditions": [{"type": "InvalidSpec", "status": "True"}]}
     assert not finished(invalid)
+
+
+def test_a_queued_rayjob_its_user_suspended_is_suspended_not_queued() -> None:
+    """derive reads the user's suspend from the RayJob's annotation (set by the operator)."""
+    from llmtrain.constants import KUEUE_QUEUE_LABEL, SUSPENDED_BY_USER_ANNOTATION
+    from llmtrain.operator.status import derive
+
+    rayjob = {
+        "metadata": {
+            "name": "j",
+            "labels": {KUEUE_QUEUE_LABEL: "q"},
+            "annotations": {SUSPENDED_BY_USER_ANNOTATION: "true"},
+        },
+        "status": {"jobDeploymentStatus": "Suspended"},
+    }
+    update, observed = derive(rayjob, {}, 1, "t")
+    assert (update["phase"], observed.reason) == ("Suspended", "Suspended")
+    rayjob["metadata"]["annotations"] = {SUSPENDED_BY_USER_ANNOTATION: "false"}
+    assert derive(rayjob, {}, 1, "t")[0]["phase"] == "Pending"
+
+
+def test_derive_writes_the_observed_phase_reason_and_message_into_the_conditions() -> None:
+    from llmtrain.operator.status import derive
+
+    update, _ = derive({"metadata": {"name": "j"}, "status": {"jobDeploymentStatus": "Running"}}, {}, 1, "t")
+    running = next(c for c in update["conditions"] if c["type"] == "Running")
+    assert (running["status"], running["reason"], running["message"]) == ("True", "Training", "training")
+
+
+@pytest.mark.parametrize("phase", ["Pending", "Initializing", "Running", "Succeeded", "Failed", "Suspended"])
+def test_each_phase_sets_its_own_condition_and_created_only(phase: str) -> None:
+    """Created is always True (reason RayJobCreated, no message); the phase's own condition carries
+    the reason and message; every other one is False with Not<Type> and no message."""
+    conditions = {c["type"]: c for c in conditions_for(phase, "R", "what happened", None, [], "t")}  # type: ignore[arg-type]
+    assert conditions["Created"] == {
+        "type": "Created",
+        "status": "True",
+        "reason": "RayJobCreated",
+        "message": "",
+        "lastTransitionTime": "t",
+    }
+    for ctype in CONDITION_TYPES[1:]:
+        if ctype == phase:
+            assert (conditions[ctype]["status"], conditions[ctype]["reason"]) == ("True", "R")
+            assert conditions[ctype]["message"] == "what happened"
+        else:
+            assert conditions[ctype]["status"] == "False", ctype
+            assert (conditions[ctype]["reason"], conditions[ctype]["message"]) == (f"Not{ctype}", "")
+
+
+def test_a_condition_written_without_a_transition_time_gets_one() -> None:
+    """lastTransitionTime is required by the API: an unchanged condition that lacks it gets now."""
+    existing = [{"type": "Running", "status": "True", "reason": "Training"}]
+    running = next(
+        c for c in conditions_for("Running", "Training", "m", 1, existing, "t2") if c["type"] == "Running"
+    )
+    assert running["lastTransitionTime"] == "t2"
+
+
+def test_an_invalid_spec_again_keeps_one_condition_of_each_type() -> None:
+    bad = invalid_spec_conditions("invalid spec: x", 1, [], "t1")
+    again = invalid_spec_conditions("invalid spec: y", 2, bad, "t2")
+    assert sorted(c["type"] for c in again) == ["Failed", "InvalidSpec"]
+    assert all(c["message"] == "invalid spec: y" for c in again)
+
+
+def test_clearing_an_invalid_spec_touches_no_other_true_condition() -> None:
+    running = {"type": "Running", "status": "True", "reason": "Training", "message": "m"}
+    invalid = {"type": "InvalidSpec", "status": "True", "reason": "InvalidSpec", "message": "x"}
+    cleared = clear_invalid_spec([running, invalid], 2, "t")
+    assert cleared[0] == running and cleared[1]["status"] == "False"
+
+
+def test_a_failed_job_with_true_conditions_but_no_invalid_spec_is_finished() -> None:
+    from llmtrain.operator.status import finished
+
+    failed = {"type": "Failed", "status": "True", "reason": "AppFailed"}
+    assert finished({"phase": "Failed", "conditions": [failed]})
+
+
+@pytest.mark.parametrize(
+    ("deployment", "ended_"),
+    [("Complete", True), ("Failed", True), ("ValidationFailed", True), ("Running", False), ("New", False)],
+)
+def test_a_rayjob_ends_only_when_it_succeeded_or_failed(deployment: str, ended_: bool) -> None:
+    from llmtrain.operator.status import ended
+
+    assert ended({"metadata": {"name": "j"}, "status": {"jobDeploymentStatus": deployment}}) is ended_
+    assert not ended({"metadata": {"name": "j"}})
+
+
+def test_kuberays_reason_names_a_failure_only() -> None:
+    """A ValidationFailed RayJob's reason is KubeRay's; a running one's stays ours."""
+    rejected = observe({"jobDeploymentStatus": "ValidationFailed", "reason": "InvalidRayJobSpec"})
+    assert (rejected.phase, rejected.reason) == ("Failed", "InvalidRayJobSpec")
+    running = observe({"jobDeploymentStatus": "Running", "reason": "SomethingElse"})
+    assert (running.phase, running.reason) == ("Running", "Training")

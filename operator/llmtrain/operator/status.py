@@ -115,8 +115,9 @@ def derive(
     """The operator's whole part of a job's status, from its RayJob and the status as it is
     (conditions keep their transition times, the trainer's root cause joins a failure); and what
     the RayJob's state means (its reason names the transition's Event)."""
-    labels = rayjob.get("metadata", {}).get("labels") or {}
-    annotations = rayjob.get("metadata", {}).get("annotations") or {}
+    metadata = rayjob["metadata"]  # a RayJob from the API always has it (mirrored_fields reads its name)
+    labels = metadata.get("labels") or {}
+    annotations = metadata.get("annotations") or {}
     held = annotations.get(SUSPENDED_BY_USER_ANNOTATION) == "true"
     observed = with_root_cause(
         observe(dict(rayjob.get("status") or {}), labels.get(KUEUE_QUEUE_LABEL), held),
@@ -381,7 +382,8 @@ def operator_status(
             "message": message,
             "observedGeneration": generation,
         }
-        first = outcome.error not in str(status.get("message") or "")  # one Warning per refusal
+        said = status.get("message")
+        first = not (isinstance(said, str) and outcome.error in said)  # one Warning per refusal
         return Report(
             update, Announcement("Warning", "CreateRefused", message), "write" if first else "phase"
         )

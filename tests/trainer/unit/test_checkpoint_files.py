@@ -137,3 +137,20 @@ def test_a_checkpoint_from_another_worker_count_is_refused_not_skipped(
     ):
         _restore(strategy, run_dir)
     assert strategy.loaded == []
+
+
+def test_a_directory_that_refuses_fsync_still_gets_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Some network filesystems refuse to fsync a directory: the rename stands without it."""
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            raise OSError(22, "Invalid argument")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    target = tmp_path / "state.json"
+    write_durably(target, lambda file: file.write(b"new"))
+    assert target.read_bytes() == b"new"

@@ -3,6 +3,7 @@ records, the one checkpoint state format, the one result, the fields a mode refu
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from llmtrain_trainer.lifecycle import Lifecycle, LoopOptions
 from llmtrain_trainer.modes import MODULES, ModeError, mode_for, refuse_unsupported
 from llmtrain_trainer.preflight import _check_trainer
 from llmtrain_trainer.progress import read_records
-from llmtrain_trainer.rundir import METRICS_FILE, STATE_FILE, RunResult, checkpoint_name
+from llmtrain_trainer.rundir import METRICS_FILE, RESULT_FILE, STATE_FILE, RunResult, checkpoint_name
 
 from tests.support.trainer import tiny_config
 
@@ -138,3 +139,26 @@ def test_a_torchrun_process_finds_its_place_in_the_environment(monkeypatch: pyte
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(name)
     assert WorkerEnv.from_torchrun(use_gpu=False) == ENV
+
+
+def test_a_result_reads_back_as_written_with_its_skipped_checkpoints(tmp_path: Path) -> None:
+    result = RunResult(steps=40, skipped_checkpoints=("checkpoint-step-00000040 (rank 0: torn)",))
+    result.write(tmp_path)
+    text = (tmp_path / RESULT_FILE).read_text()
+    # Indented for people who `cat` it; JSON has no tuples, so the list is written.
+    assert text == json.dumps(result.to_dict(), indent=2) + "\n"
+    assert json.loads(text)["skipped_checkpoints"] == ["checkpoint-step-00000040 (rank 0: torn)"]
+    # The dict itself is JSON's shape: one key per field, lists for tuples.
+    as_dict = result.to_dict()
+    assert set(as_dict) == set(RunResult.__dataclass_fields__)
+    assert as_dict["skipped_checkpoints"] == ["checkpoint-step-00000040 (rank 0: torn)"]
+    assert RunResult.read(tmp_path) == result
+
+
+def test_an_older_result_without_skipped_checkpoints_reads_as_none_skipped(tmp_path: Path) -> None:
+    written = RunResult(steps=3).to_dict()
+    del written["skipped_checkpoints"]
+    written["from_a_newer_version"] = True
+    (tmp_path / RESULT_FILE).write_text(json.dumps(written))
+    result = RunResult.read(tmp_path)
+    assert result is not None and result.skipped_checkpoints == () and result.steps == 3
