@@ -32,8 +32,8 @@ $(STAMP): pyproject.toml constraints.txt operator/llmtrain/constants.py
 
 install: $(STAMP) ## create .venv and install llmtrain with every extra
 
-test: $(STAMP) prepare ## run every test tier (unit, real cluster, trainer, chart, e2e checks, real pods)
-	$(PY) -m pytest $(PYTEST_ARGS)
+test: $(STAMP) prepare ## run every test tier (unit, real cluster, trainer, chart, e2e checks, real pods), in two lanes
+	$(PY) hack/run_tests.py $(PYTEST_ARGS)
 
 # On a cold machine the image builds wait on downloads (Debian packages, PyPI's 4 GB torch) while
 # Go compiles the cluster's binaries: side by side they overlap. The Debian packages both need come

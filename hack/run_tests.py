@@ -1,0 +1,75 @@
+"""`make test`: every tier, in two pytest processes side by side.
+
+Most of a tier's time is waiting (controllers converging, pods starting, Ray clusters coming up),
+so on a 2-core CI machine two lanes overlap that waiting: one runs the real cluster tier beside
+the fast tiers, the other the trainer tier beside the real-pod tier (their clusters, Ray
+instances and ports are independent; each lane has its own pytest session and fixtures). Each
+lane's output goes to a log; a heartbeat line shows they are alive, and each log's summary (the
+whole log when a lane fails) is printed at the end. The exit status fails if either lane does.
+
+    python hack/run_tests.py [PYTEST ARGS...]
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+LANES = {
+    "cluster": ["tests/unit", "tests/chart", "tests/e2e", "tests/images", "tests/cluster"],
+    "trainer+pods": ["tests/trainer", "tests/pods"],
+}
+HEARTBEAT_SECONDS = 120
+
+
+def tiers() -> set[str]:
+    """Every folder of tests/ that holds test files: each must be in exactly one lane."""
+    return {
+        f"tests/{d.name}"
+        for d in (REPO_ROOT / "tests").iterdir()
+        if d.is_dir() and any(d.rglob("test_*.py")) and d.name != "support"
+    }
+
+
+def main(argv: list[str]) -> int:
+    laned = [path for paths in LANES.values() for path in paths]
+    if sorted(laned) != sorted(tiers()) or len(set(laned)) != len(laned):
+        print(f"run_tests.py: lanes {sorted(laned)} != test folders {sorted(tiers())}", file=sys.stderr)
+        return 2
+    logs = REPO_ROOT / ".venv" / "test-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    running: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
+    for lane, paths in LANES.items():
+        log = logs / f"{lane.replace('+', '-')}.log"
+        out = log.open("wb")
+        cmd = [sys.executable, "-m", "pytest", *argv, *paths]
+        print(f"[{lane}] {' '.join(cmd[1:])} > {log.relative_to(REPO_ROOT)}", flush=True)
+        running[lane] = (subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT), log)
+    codes: dict[str, int] = {}
+    took: dict[str, float] = {}
+    last_beat = time.monotonic()
+    while len(codes) < len(running):
+        for lane, (proc, _) in running.items():
+            if lane not in codes and proc.poll() is not None:
+                codes[lane], took[lane] = proc.returncode, time.monotonic() - started
+                print(f"[{lane}] exit {proc.returncode} after {took[lane] / 60:.1f} min", flush=True)
+        if time.monotonic() - last_beat > HEARTBEAT_SECONDS:
+            last_beat = time.monotonic()
+            busy = [lane for lane in running if lane not in codes]
+            print(f"... {(last_beat - started) / 60:.0f} min, running: {', '.join(busy)}", flush=True)
+        time.sleep(1)
+    for lane, (_, log) in running.items():
+        lines = log.read_text(errors="replace").splitlines()
+        shown = lines if codes[lane] != 0 else lines[-15:]
+        print(f"\n===== [{lane}] exit {codes[lane]}, {took[lane] / 60:.1f} min ({log}) =====")
+        print("\n".join(shown))
+    print(f"\nall lanes done in {(time.monotonic() - started) / 60:.1f} min")
+    return 0 if all(code == 0 for code in codes.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
