@@ -48,6 +48,24 @@ POD_CREATE_FAILURES = ("FailedCreate", "FailedToCreateHeadPod", "FailedToCreateW
 
 
 # ---- helpers ------------------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def example_claim(cluster: Cluster, ns: str) -> None:
+    """tiny-cpu reads its data from an existing claim (`storage.claimName`, which `llmtrain upload`
+    fills on a real cluster): here kwok provisions and binds it."""
+    claim = load_example(f"{TINY}.yaml")["spec"]["storage"]["claimName"]
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": claim, "namespace": ns},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "shared-rwx",
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+    cluster.apply([pvc])
+
+
 def _example(file: str, namespace: str, **paths: Any) -> dict[str, Any]:
     """An example with its namespace set and dotted spec paths changed (`resources__workers=2`)."""
     doc = load_example(f"{file}.yaml")
@@ -253,7 +271,7 @@ def test_tiny_cpu_example_runs_on_kuberay_and_succeeds(
         for pod in ray_pods:  # placed by the real scheduler; CPU pods do not tolerate the GPU taint
             assert pod["spec"].get("nodeName") in nodes.CPU_NODES, pod["metadata"]["name"]
             assert pod["status"]["phase"] == "Running"
-        pvc = get(cluster, "pvc", f"{TINY}-storage", ns)
+        pvc = get(cluster, "pvc", load_example(f"{TINY}.yaml")["spec"]["storage"]["claimName"], ns)
         assert pvc is not None and pvc["status"]["phase"] == "Bound", pvc
         # Ray's job API is not open: KubeRay made the cluster's token Secret, every Ray pod and the
         # submitter read the token from it, and KubeRay's own dashboard calls carry that token.
@@ -548,7 +566,9 @@ def test_a_submitter_pod_that_exits_is_run_again_and_reattaches_without_using_a_
 def test_deleting_the_job_garbage_collects_every_child(
     cluster: Cluster, operator: OperatorProcess, ns: str
 ) -> None:
-    apply_doc(cluster, _example(TINY, ns))
+    # A claim the job creates (storage.create) goes with it; the example's own named claim would not.
+    created = {"create": {"size": "1Gi", "storageClassName": "shared-rwx"}}
+    apply_doc(cluster, _example(TINY, ns, spec__storage=created))
     status = wait_phase(cluster, ns, TINY, "Running")
     job = get(cluster, "llmtj", TINY, ns)
     assert job is not None
