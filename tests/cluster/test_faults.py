@@ -224,21 +224,14 @@ def test_409_on_the_first_status_write_is_retried(
 def test_a_status_mirrored_before_the_first_status_write_is_not_overwritten(
     cluster: Cluster, faults: FaultProxy, namespace: str
 ) -> None:
-    """The reconciler's first status write is held 3 s; meanwhile KubeRay runs the RayJob and its
-    state is mirrored. The held write carries the job's old resourceVersion: the real API server
-    refuses it (409), and the retry must not put the RayJob's creation-time state back."""
+    """The reconciler's first status write is held 3 s; meanwhile KubeRay runs the RayJob. The
+    mirror of that state either waits for the held write (one worker per job: the job's lock) or,
+    if it wrote first, makes the held write stale (its resourceVersion), which the real API server
+    refuses (409); either way the RayJob's creation-time state never lands over its later one."""
     faults.delay("patch", "llmtrainingjobs/status", 3, times=1)
     apply_doc(cluster, _job("race", namespace))
     wait_phase(cluster, namespace, "race", "Running", timeout=60)
-    wait_for(
-        lambda: any(
-            r.namespace == namespace and r.status == 409 and not r.injected
-            for r in faults.seen("patch", "llmtrainingjobs/status")
-        ),
-        timeout=30,
-        what="the held write refused by the real API server",
-    )
-    time.sleep(2)  # its retry (0.2 s later) has been written
+    time.sleep(5)  # the held write (3 s) and any retry of it have landed or been refused
     assert job_status(cluster, namespace, "race")["phase"] == "Running"
     _assert_each_transition_announced_once(cluster, namespace, "race")
 
