@@ -22,7 +22,8 @@ from tests.support.cluster.cluster import Cluster
 
 NAME = "tiny-cpu-life"
 EVERY = 20
-STEPS = 100
+# Long enough (about 0.2 s a step here) that the suspend lands while it trains, not after the end.
+STEPS = 400
 
 
 def _progress(status: dict[str, Any]) -> dict[str, Any]:
@@ -106,7 +107,7 @@ def test_worker_loss_suspend_resume_and_recreate_in_real_pods(
         cluster, lambda phase: phase == "Suspended" and not _ray_pods(cluster, namespace), what="suspend"
     )
     suspended_at = _checkpoint_step(watch.statuses[-1])
-    assert suspended_at > checkpoint_at_kill, watch.statuses[-1]
+    assert checkpoint_at_kill < suspended_at < STEPS, watch.statuses[-1]  # it stopped mid-run
     cluster.kubectl("patch", "llmtj", NAME, "-n", namespace, "--type=merge", "-p", _suspend(False))
     phase = watch.until(cluster, lambda phase: phase in jobs.TERMINAL)
     assert phase == "Succeeded", watch.story(cluster)
@@ -125,7 +126,7 @@ def test_worker_loss_suspend_resume_and_recreate_in_real_pods(
     assert second["metadata"]["uid"] != first["metadata"]["uid"]
     phases = [s.get("phase") for s in again.statuses]
     assert "Succeeded" not in phases, phases
-    assert 0 < _step(again.statuses[-1]) < EVERY, again.statuses[-1]  # not the old run's 100
+    assert 0 < _step(again.statuses[-1]) < STEPS, again.statuses[-1]  # not the old run's end
     assert _resumed_steps(cluster, namespace) == [], "the re-created job resumed the old run"
     print(
         f"\nkill at {step_at_kill} (checkpoint {checkpoint_at_kill}) -> resumed {resumed} in "

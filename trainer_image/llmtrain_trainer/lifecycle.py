@@ -5,8 +5,8 @@ Ray Train starts the same worker function whatever spec.trainer.type says (loop.
 `status.progress`, `checkpoint-step-N/trainer_state.json` and `result.json` look alike whichever
 code trained, and `llmtrain run`, the operator and resume need no mode switch:
 
-- the resume point: this run's newest whole checkpoint (Ray Train's registered one, or a newer
-  one on the storage), or on a run's first attempt spec.resumeFrom (`ResumePoint`);
+- the resume point: this run's latest checkpoint that Ray Train registered, or on a run's first
+  attempt spec.resumeFrom (`ResumePoint`);
 - the `started` or `resumed` record;
 - step records, with tokens/s, MFU and the ETA measured here, once for every mode;
 - checkpoint registration: the one `trainer_state.json` format (`checkpoint.TrainerState`), the
@@ -70,8 +70,8 @@ class ResumePoint:
     """Where this attempt starts; all None on a run's fresh start."""
 
     checkpoint: Path | None = None
-    """A checkpoint to continue with all of its state: this run's newest whole one, or, on a first
-    attempt, resumeFrom.run's latest."""
+    """A checkpoint to continue with all of its state: this run's latest one that Ray Train
+    registered, or, on a first attempt, resumeFrom.run's latest."""
     step: int | None = None
     """The step `checkpoint` was saved at."""
     own: bool = False
@@ -83,17 +83,11 @@ class ResumePoint:
 
 
 def resume_point(config: TrainerConfig, run_dir: Path) -> ResumePoint:
-    """This run's newest checkpoint: Ray Train's latest registered one, or a newer whole one on the
-    run's storage. Ray's record can lag what was saved: a suspend (a new Ray cluster, the same run)
-    that lands after checkpoints were written but before Ray persisted its registration resumed from
-    an older one and redid up to 60 steps in the real-pod tier. Else spec.resumeFrom (which applies
-    only until the run has a checkpoint of its own), else none."""
+    """Ray Train's latest checkpoint of this run, else spec.resumeFrom (which applies only until
+    the run has a checkpoint of its own), else none."""
     reported = ray.train.get_checkpoint()
-    owned = [] if reported is None else [run_dir / Path(reported.path).name]  # NO_UPLOAD: in run_dir
-    if (on_storage := latest_checkpoint(run_dir)) is not None:
-        owned.append(on_storage)
-    if owned:
-        directory = max(owned, key=lambda d: _step_of(d) or -1)
+    if reported is not None:
+        directory = run_dir / Path(reported.path).name  # reported with NO_UPLOAD: in the run directory
         return ResumePoint(directory, _step_of(directory), own=True)
     if config.resume_from is None:
         return ResumePoint()

@@ -41,7 +41,7 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint directory on disk."""
+    """The newest complete checkpoint directory on disk (for messages; Ray decides what resumes)."""
     complete = complete_checkpoints(run_dir)
     return complete[0] if complete else None
 

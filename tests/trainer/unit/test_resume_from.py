@@ -146,33 +146,3 @@ def test_a_mode_run_starts_where_resume_from_says(
     else:
         assert (point.checkpoint, point.step, point.seed) == (None, None, latest)
     assert point.described is not None and str(latest) in point.described
-
-
-@pytest.mark.parametrize("ray_has", [None, 40, 100])
-def test_a_run_resumes_from_its_newest_whole_checkpoint_even_one_ray_has_not_registered(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ray_has: int | None
-) -> None:
-    """Ray Train's registered checkpoint can lag the storage: a suspend that lands after the
-    checkpoints at 60-100 were written but before Ray persisted their registration resumed from 40
-    in real pods (tests/pods/test_lifecycle.py). The newest whole one wins; a newer one without its
-    state file (a save cut short) does not, and neither does resumeFrom once the run has its own."""
-    import ray.train
-    from llmtrain_trainer.lifecycle import resume_point
-
-    earlier = tmp_path / "job" / "uid-a"
-    checkpoint(earlier, 20)
-    config = tiny_config(
-        tmp_path / "job", "uid-b", resumeFrom={"runsRoot": str(tmp_path), "run": "job/uid-a"}
-    )
-    run = Path(config.run_dir)
-    for step in (40, 60, 80, 100):
-        checkpoint(run, step)
-    checkpoint(run, 120, complete=False)
-
-    class Reported:
-        path = str(run / checkpoint_name(ray_has or 0))
-
-    monkeypatch.setattr(ray.train, "get_checkpoint", lambda: Reported() if ray_has else None)
-    point = resume_point(config, run)
-    assert (point.checkpoint, point.step, point.own) == (run / checkpoint_name(100), 100, True)
-    assert point.described is None  # not resumeFrom's
