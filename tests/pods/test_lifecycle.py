@@ -77,12 +77,18 @@ def test_worker_loss_suspend_resume_and_recreate_in_real_pods(
     cluster.kubectl("delete", "pod", victim, "-n", namespace, "--grace-period=1", "--wait=false")
     killed = time.monotonic()
 
-    def replaced_and_checkpointed(_: str) -> bool:
-        new = {p["metadata"]["name"] for p in watch.pods_of_type("worker")} - originals
-        return bool(new) and _checkpoint_step(watch.statuses[-1]) > checkpoint_at_kill
+    def resumed_and_checkpointed(_: str) -> bool:
+        """A new worker pod ran, the trainer resumed, and it checkpointed again after resuming (a
+        checkpoint saved during the kill's grace second does not count)."""
+        if not {p["metadata"]["name"] for p in watch.pods_of_type("worker")} - originals:
+            return False
+        resumes = _resumed_steps(cluster, namespace)
+        return bool(resumes) and _checkpoint_step(watch.statuses[-1]) > resumes[0]
 
     # KubeRay runs a new worker pod, Ray Train restarts the group, training checkpoints again.
-    watch.until(cluster, replaced_and_checkpointed, what="a new worker pod and a checkpoint after it")
+    watch.until(
+        cluster, resumed_and_checkpointed, what="a new worker pod, a resume and a checkpoint after it"
+    )
     resumed_after_kill = time.monotonic()
     resumes = _resumed_steps(cluster, namespace)
     assert len(resumes) == 1, (resumes, watch.story(cluster))
