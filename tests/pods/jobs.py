@@ -145,6 +145,12 @@ class Watch:
         return "\n".join(parts)[-8000:]
 
 
+def ray_pods(cluster: Cluster, namespace: str, job: str | None = None) -> list[str]:
+    """Names (`pod/...`) of the Ray pods KubeRay made in `namespace`, of `job` only if given."""
+    out = cluster.kubectl("get", "pods", "-n", namespace, "-l", "ray.io/node-type", "-o", "name")
+    return [name for name in out.stdout.split() if job is None or f"/{job}-" in name]
+
+
 def run_dir(namespace: str, name: str, uid: str) -> str:
     return f"{MOUNT}/runs/{namespace}/{name}/{uid}"
 

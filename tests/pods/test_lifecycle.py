@@ -38,11 +38,6 @@ def _step(status: dict[str, Any]) -> int:
     return int(_progress(status).get("step") or 0)
 
 
-def _ray_pods(cluster: Cluster, namespace: str) -> list[str]:
-    out = cluster.kubectl("get", "pods", "-n", namespace, "-l", "ray.io/node-type", "-o", "name")
-    return out.stdout.split()
-
-
 def _resumed_steps(cluster: Cluster, namespace: str) -> list[int]:
     """The trainer's `[resumed] step N/...` records in the submitter's log (the driver's output)."""
     logs = cluster.kubectl("logs", "-n", namespace, "-l", "batch.kubernetes.io/job-name", "--tail=-1")
@@ -110,7 +105,7 @@ def test_worker_loss_suspend_resume_and_recreate_in_real_pods(
     # 2. Suspend: every Ray pod goes, the checkpoints stay; resume continues from the last one.
     cluster.kubectl("patch", "llmtj", NAME, "-n", namespace, "--type=merge", "-p", _suspend(True))
     watch.until(
-        cluster, lambda phase: phase == "Suspended" and not _ray_pods(cluster, namespace), what="suspend"
+        cluster, lambda phase: phase == "Suspended" and not jobs.ray_pods(cluster, namespace), what="suspend"
     )
     suspended_at = _checkpoint_step(watch.statuses[-1])
     assert checkpoint_at_kill < suspended_at < STEPS, watch.statuses[-1]  # it stopped mid-run

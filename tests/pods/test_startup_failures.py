@@ -21,11 +21,6 @@ MISSING_SECRET = "no-such-token"
 SMALL = {"cpu": "250m", "memory": "1Gi", "sharedMemory": "256Mi", "head": {"cpu": "250m", "memory": "1Gi"}}
 
 
-def _ray_pods(cluster: Cluster, namespace: str, job: str) -> list[str]:
-    out = cluster.kubectl("get", "pods", "-n", namespace, "-l", "ray.io/node-type", "-o", "name")
-    return [name for name in out.stdout.split() if f"/{job}-" in name]
-
-
 def test_a_missing_image_or_secret_is_named_and_the_job_fails_at_its_startup_deadline(
     cluster: Cluster, release: Release, namespace: str
 ) -> None:
@@ -59,8 +54,10 @@ def test_a_missing_image_or_secret_is_named_and_the_job_fails_at_its_startup_dea
         ]
     # Nothing is left holding the node: every Ray pod of both jobs goes.
     deadline = time.monotonic() + 120
-    while any(_ray_pods(cluster, namespace, name) for name in expected):
-        assert time.monotonic() < deadline, {name: _ray_pods(cluster, namespace, name) for name in expected}
+    while any(jobs.ray_pods(cluster, namespace, name) for name in expected):
+        assert time.monotonic() < deadline, {
+            name: jobs.ray_pods(cluster, namespace, name) for name in expected
+        }
         time.sleep(2)
     print(
         "\n"
