@@ -46,7 +46,8 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
         what=f"ServiceAccount default in {name}",
     )
     yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    # Waited for: the next scenario starts on an empty node, not beside pods still terminating.
+    cluster.kubectl("delete", "namespace", name, "--timeout=180s", check=False, timeout=200)
 
 
 def on_real_node(spec: dict[str, Any]) -> dict[str, Any]:

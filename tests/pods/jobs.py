@@ -18,6 +18,7 @@ import yaml
 
 from tests.pods.conftest import Release, busybox_pod, get
 from tests.support.cluster.cluster import Cluster
+from tests.support.cluster.node import REAL_NODE_LABEL
 from tests.support.cluster.steps import table
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -28,17 +29,22 @@ JOB_TIMEOUT = 900
 TERMINAL = ("Succeeded", "Failed")
 
 
-def example() -> dict[str, Any]:
-    loaded: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+def example(path: Path = EXAMPLE) -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(path.read_text())
     return loaded
 
 
-def variant(name: str, **overrides: dict[str, Any]) -> dict[str, Any]:
-    """The example under another name, with some spec sections merged over (one level deep)."""
-    job = copy.deepcopy(example())
+def variant(name: str, base: Path = EXAMPLE, **overrides: dict[str, Any]) -> dict[str, Any]:
+    """The example under another name, with some spec sections merged over (one level deep).
+
+    Its pods are pinned to the real node: on a full real node the scheduler would otherwise put
+    them on kwok's CPU node (its taint only discourages), where kwok fakes what the scenario
+    tests (a pulled image, a Secret resolved, a process that trains)."""
+    job = copy.deepcopy(example(base))
     job["metadata"]["name"] = name
     for section, values in overrides.items():
         job["spec"][section] = {**job["spec"].get(section, {}), **values}
+    job["spec"]["resources"].setdefault("nodeSelector", {REAL_NODE_LABEL: "true"})
     return job
 
 
@@ -49,19 +55,21 @@ def llmtrain(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
     return result
 
 
-def seed_data(cluster: Cluster, release: Release, namespace: str) -> None:
+def seed_data(
+    cluster: Cluster, release: Release, namespace: str, source: str = "examples/data", to: str = "data"
+) -> None:
     """The README's `llmtrain upload examples/data --claim llmtrain-data --size 1Gi --to data`."""
     claim = example()["spec"]["storage"]["claimName"]
     llmtrain(
         cluster,
         "upload",
-        "examples/data",
+        source,
         "--claim",
         claim,
         "--size",
         "1Gi",
         "--to",
-        "data",
+        to,
         "-n",
         namespace,
         "--image",

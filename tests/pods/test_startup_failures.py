@@ -17,8 +17,9 @@ from tests.support.cluster.cluster import Cluster
 DEADLINE = 60
 MISSING_IMAGE = "localhost/llmtrain/no-such-trainer:1"
 MISSING_SECRET = "no-such-token"
-# Small enough that both jobs' pods fit the 2-core node beside the operator.
-SMALL = {"cpu": "250m", "memory": "1Gi", "sharedMemory": "256Mi", "head": {"cpu": "250m", "memory": "1Gi"}}
+# Small enough that both jobs' pods (3 Ray pods and a 200m submitter each) fit the 2-core node
+# beside the operator with room to spare: neither job ever trains.
+SMALL = {"cpu": "100m", "memory": "1Gi", "sharedMemory": "256Mi", "head": {"cpu": "100m", "memory": "1Gi"}}
 
 
 def test_a_missing_image_or_secret_is_named_and_the_job_fails_at_its_startup_deadline(

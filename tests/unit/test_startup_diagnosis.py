@@ -388,3 +388,62 @@ def test_a_young_attempt_is_not_looked_into_an_older_one_is_and_an_expired_one_i
     startup.mirror(kube, job(status["status"]), rayjob("Initializing"))  # type: ignore[arg-type]
     stops = [body for plural, body in kube.patched if plural == "rayjobs"]
     assert stops == [{"spec": {"ttlSecondsAfterFinished": 0, "suspend": True}}], kube.patched
+
+
+class StoredKube(FakeKube):
+    """FakeKube that also serves GETs of the job and its RayJob as stored now."""
+
+    def __init__(self, job: dict[str, Any], rayjob: dict[str, Any] | None) -> None:
+        super().__init__()
+        self.stored = {"llmtrainingjobs": job, "rayjobs": rayjob}
+
+    def get(self, res: Any, namespace: str, name: str) -> dict[str, Any]:
+        from llmtrain.operator.kube import ApiError
+
+        found = self.stored.get(res.plural)
+        if found is None:
+            raise ApiError(404, "NotFound", f"{res.plural} {name} not found")
+        return found
+
+
+def _owned(ray: dict[str, Any]) -> dict[str, Any]:
+    ref = {"apiVersion": "llmtrain.dev/v1alpha1", "kind": "LLMTrainingJob", "name": "j", "uid": "u"}
+    ray["metadata"]["ownerReferences"] = [{**ref, "controller": True}]
+    return ray
+
+
+def test_a_starting_job_is_looked_at_again_between_resyncs_until_it_is_no_longer_starting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No RayJob event comes while pods wait on an image or a Secret: the start-up pass mirrors the
+    job again on its own, and stops once the cluster is up or the RayJob is gone."""
+    import logging
+
+    from llmtrain.operator import mirror, reporting, startup
+
+    monkeypatch.setattr(startup, "STARTING", startup.StartingJobs())
+    monkeypatch.setattr(reporting, "now", lambda: "2026-11-26T10:00:05Z")
+    waiting = _owned(rayjob("Initializing"))
+    startup.mirror(FakeKube(), job({"phase": "Initializing"}), waiting)  # type: ignore[arg-type]
+    assert [key for key, _ in startup.STARTING.items()] == ["n/j"], "a starting job is noted"
+
+    # Later, with no event: the pass reads the job and RayJob again and names the cause.
+    monkeypatch.setattr(reporting, "now", lambda: "2026-11-26T10:00:30Z")
+    kube = StoredKube(job({"phase": "Initializing"}), waiting)
+    mirror.look_at_starting(kube, logging.getLogger("test"))  # type: ignore[arg-type]
+    assert kube.listed == ["pods", "events", "nodes"]
+    status = [body for plural, body in kube.patched if plural == "llmtrainingjobs"][-1]
+    assert f"it requests 16 {GPU}" in status["status"]["message"]
+    assert startup.STARTING.items(), "still starting: still looked at"
+
+    # Its cluster came up: no more looks.
+    kube = StoredKube(job({"phase": "Initializing"}), _owned(rayjob("Running")))
+    mirror.look_at_starting(kube, logging.getLogger("test"))  # type: ignore[arg-type]
+    assert startup.STARTING.items() == []
+    mirror.look_at_starting(kube, logging.getLogger("test"))  # type: ignore[arg-type]
+    assert kube.listed == [], "a running job costs the pass nothing"
+
+    # A RayJob deleted meanwhile (or a job gone) leaves the set too.
+    startup.mirror(FakeKube(), job({"phase": "Initializing"}), waiting)  # type: ignore[arg-type]
+    mirror.look_at_starting(StoredKube(job({"phase": "Initializing"}), None), logging.getLogger("t"))  # type: ignore[arg-type]
+    assert startup.STARTING.items() == []

@@ -22,6 +22,7 @@ from llmtrain.render import ImageSettings
 
 DEFAULT_WORKERS = 16
 DEFAULT_RESYNC_SECONDS = 120.0
+DEFAULT_STARTUP_LOOK_SECONDS = 15.0
 DEFAULT_LEASE_SECONDS = 15
 MIN_LEASE_SECONDS = 3
 DEFAULT_LIVENESS_PORT = 8080
@@ -82,6 +83,9 @@ class OperatorConfig:
     # Every job's status is re-derived from its RayJob this often, whatever events were missed or
     # writes failed: the level-triggered safety net under the event-driven mirror.
     resync_seconds: float = DEFAULT_RESYNC_SECONDS
+    # Jobs whose Ray cluster is starting are looked at this often: their RayJob does not change
+    # while pods wait on an image, a Secret or a node, so no event would bring the cause.
+    startup_look_seconds: float = DEFAULT_STARTUP_LOOK_SECONDS
     namespaces: tuple[str, ...] = ()  # empty: every namespace
     # Several replicas: only the holder of this Lease acts (None: a single replica, no election).
     election: Election | None = None
@@ -109,6 +113,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             float,
             DEFAULT_RESYNC_SECONDS,
             "re-derive every job's status from its RayJob this often (missed events, failed writes)",
+        ),
+        (
+            "--startup-look-seconds",
+            float,
+            DEFAULT_STARTUP_LOOK_SECONDS,
+            "look again this often at what keeps a starting job's Ray cluster from starting",
         ),
         (
             "--lease-seconds",
@@ -157,6 +167,8 @@ def from_args(args: argparse.Namespace) -> OperatorConfig:
         raise ConfigError("--workers must be at least 1")
     if args.resync_seconds <= 0:
         raise ConfigError("--resync-seconds must be positive")
+    if args.startup_look_seconds <= 0:
+        raise ConfigError("--startup-look-seconds must be positive")
     images = ImageSettings(pull_secrets=tuple(args.image_pull_secret))
     if args.trainer_image:
         images = dataclasses.replace(images, trainer_image=args.trainer_image)
@@ -164,6 +176,7 @@ def from_args(args: argparse.Namespace) -> OperatorConfig:
         images=images,
         workers=args.workers,
         resync_seconds=args.resync_seconds,
+        startup_look_seconds=args.startup_look_seconds,
         namespaces=tuple(args.namespace),
         election=_election(args),
         liveness_port=args.liveness_port,

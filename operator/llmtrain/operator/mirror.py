@@ -119,13 +119,43 @@ def rayjob_gone(
 
 
 def resync_forever(kube: Kube, config: OperatorConfig, stop: threading.Event) -> None:
+    """The resync pass every `resync_seconds`; between passes, the start-up pass every
+    `startup_look_seconds`."""
     logger = logging.getLogger("llmtrain.resync")
-    while not stop.wait(config.resync_seconds):
+    next_resync = time.monotonic() + config.resync_seconds
+    while not stop.wait(max(0.0, min(config.startup_look_seconds, next_resync - time.monotonic()))):
         try:
-            with RESYNC.timed():
-                resync_all(kube, config, logger)
+            if time.monotonic() >= next_resync:
+                next_resync = time.monotonic() + config.resync_seconds
+                with RESYNC.timed():
+                    resync_all(kube, config, logger)
+            else:
+                look_at_starting(kube, logger)
         except Exception:  # never let the loop die; the next period tries again
             logger.exception("resync failed")
+
+
+def look_at_starting(kube: Kube, logger: logging.Logger) -> None:
+    """The start-up pass: each job the mirror last saw starting, mirrored again (under its lock)
+    from its RayJob as it is now, so what keeps it waiting shows within seconds, not at the next
+    resync. Two GETs per starting job; a job that is gone, finished or no longer owns the RayJob
+    leaves the set."""
+    for key, (namespace, name, rayjob_name) in startup.STARTING.items():
+        try:
+            with JOB_LOCKS.hold(key):
+                job = kube.get(JOB_RESOURCE, namespace, name)
+                rayjob = kube.get(RAYJOB_RESOURCE, namespace, rayjob_name)
+                owned = (owner_ref(rayjob) or {}).get("uid") == job["metadata"].get("uid")
+                if not owned or finished(job.get("status") or {}) or job["metadata"].get("deletionTimestamp"):
+                    startup.STARTING.forget(key)
+                    continue
+                startup.mirror(kube, job, rayjob)
+        except ApiError as err:
+            if err.status == 404:
+                startup.STARTING.forget(key)
+                continue
+            ERRORS.labels(reason=f"StartupLookHttp{err.status}").inc()
+            logger.warning(f"start-up look at {key}: {err}")
 
 
 def resync_all(kube: Kube, config: OperatorConfig, logger: logging.Logger) -> None:

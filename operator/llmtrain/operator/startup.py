@@ -3,6 +3,10 @@
 While a RayJob's attempt is starting (KubeRay's Initializing or Waiting), each mirror of it (its
 events, and the periodic resync pass) reads the job's Ray pods, the namespace's Warning Events and,
 when a pod is unschedulable, the nodes, so the status names what keeps the cluster from starting.
+Nothing in a RayJob changes while its pods wait on an image, a Secret or a node, so no event
+brings that cause: the jobs the mirror last saw starting (`STARTING`) are mirrored again every
+`startup_look_seconds` by the resync thread (`mirror.look_at_starting`).
+
 The deadline is judged from KubeRay's `status.startTime`, never from a timer, so a restarted
 operator judges it the same. Once it has passed (by the operator's clock, or KubeRay's
 `PreRunningDeadlineExceeded`), the job is Failed first and its RayJob stopped after: suspended
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,6 +48,36 @@ LOOK_AFTER_SECONDS = 10.0
 log = logging.getLogger(__name__)
 
 
+class StartingJobs:
+    """The jobs whose Ray cluster the last mirror saw starting: job key -> (namespace, job name,
+    RayJob name). In memory only: the resync pass mirrors every job, which fills it again after a
+    restart or a missed event."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: dict[str, tuple[str, str, str]] = {}
+
+    def note(self, job: Mapping[str, Any], rayjob: Mapping[str, Any], is_starting: bool) -> None:
+        meta = job["metadata"]
+        key = reporting.job_key(meta)
+        with self._lock:
+            if is_starting:
+                self._jobs[key] = (meta["namespace"], meta["name"], rayjob["metadata"]["name"])
+            else:
+                self._jobs.pop(key, None)
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            self._jobs.pop(key, None)
+
+    def items(self) -> list[tuple[str, tuple[str, str, str]]]:
+        with self._lock:
+            return list(self._jobs.items())
+
+
+STARTING = StartingJobs()
+
+
 def mirror(kube: Kube, job: Mapping[str, Any], rayjob: Mapping[str, Any]) -> Report:
     """`report(MIRRORED)` with what blocks a starting job; stops the RayJob of a job that failed to
     start (again, if an earlier stop did not get through)."""
@@ -53,8 +88,10 @@ def mirror(kube: Kube, job: Mapping[str, Any], rayjob: Mapping[str, Any]) -> Rep
     )
     startup = Startup(deadline, look(kube, job, rayjob) if worth_a_look else None)
     said = reporting.report(kube, job, rayjob, Step.MIRRORED, startup=startup)
-    if said.stop_rayjob or startup_failed(job.get("status") or {}):
+    failed = said.stop_rayjob or startup_failed(job.get("status") or {})
+    if failed:
         stop(kube, rayjob)
+    STARTING.note(job, rayjob, starting(rayjob) and not failed)
     return said
 
 
