@@ -159,6 +159,13 @@ def ray_pods(cluster: Cluster, namespace: str, job: str | None = None) -> list[s
     return [name for name in out.stdout.split() if job is None or f"/{job}-" in name]
 
 
+def wait_no_ray_pods(cluster: Cluster, namespace: str, job: str | None = None, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while pods := ray_pods(cluster, namespace, job):
+        assert time.monotonic() < deadline, pods
+        time.sleep(2)
+
+
 def run_dir(namespace: str, name: str, uid: str) -> str:
     return f"{MOUNT}/runs/{namespace}/{name}/{uid}"
 
