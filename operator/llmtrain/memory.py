@@ -422,8 +422,8 @@ def summary(plan: Plan) -> str:
     )
     if capacity is None:
         return (
-            f"{need} per {unit}; the fit is not checked: the device's memory is unknown "
-            "(resources.acceleratorType names no known accelerator) "
+            f"{need} per {unit}; the fit is not checked: the device's memory is unknown (neither "
+            "resources.acceleratorType nor a MIG gpuResourceName names a known size) "
             f"({est.breakdown()}; {_basis(est)})"
         )
     verdict = "fits" if max(est.states, est.peak or 0) <= capacity else "does not fit"
