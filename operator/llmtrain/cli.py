@@ -16,11 +16,12 @@ from typing import Any
 
 import yaml
 
-from llmtrain import memory, plain_yaml
+from llmtrain import advice, memory, plain_yaml
 from llmtrain.api import manifest_yaml
 from llmtrain.api.crd import crd_yaml
+from llmtrain.api.job import LLMTrainingJob
 from llmtrain.api.validation import InvalidJob, Problem, parse_job
-from llmtrain.constants import DEFAULT_TRAINER_IMAGE, LOCAL_RUNS_DIR
+from llmtrain.constants import DEFAULT_TRAINER_IMAGE, KIND, LOCAL_RUNS_DIR
 from llmtrain.operator import config as operator_config
 
 TRAINERS_GROUP = "llmtrain.trainers"
@@ -36,13 +37,18 @@ def _documents(path: Path) -> Iterator[Any]:
             yield doc
 
 
-def _load_one(path: Path) -> Any:
-    docs = list(_documents(path))
-    if len(docs) != 1:
-        raise InvalidJob(
-            [Problem(".", f"{path} holds {len(docs)} documents; give one LLMTrainingJob per file")]
-        )
-    return docs[0]
+def _job_documents(path: Path, bodies: list[Any]) -> list[advice.Document]:
+    """The file's LLMTrainingJob documents; a note on stderr for each other document skipped."""
+    jobs, notes = advice.job_documents(bodies)
+    for note in notes:
+        print(f"{path}: note: {note}", file=sys.stderr)
+    return jobs
+
+
+def _accelerator_warning(where: str, job: LLMTrainingJob) -> None:
+    warning = advice.accelerator_warning(job.spec.resources)
+    if warning:
+        print(f"{where}: {job.metadata.name}: warning: {warning}", file=sys.stderr)
 
 
 def _dump(objects: list[dict[str, Any]], fmt: str) -> str:
@@ -55,16 +61,30 @@ def cmd_render(args: argparse.Namespace) -> int:
     from llmtrain.render import ImageSettings, render
 
     try:
-        job = parse_job(_load_one(args.file))
-    except InvalidJob as exc:
-        _print_problems(args.file, exc.problems)
+        bodies = list(_documents(args.file))
+    except (OSError, yaml.YAMLError) as exc:
+        print(f"{args.file}: cannot read: {exc}", file=sys.stderr)
+        return 1
+    documents = _job_documents(args.file, bodies)
+    if not documents:
+        print(f"{args.file}: no {KIND} among its {len(bodies)} document(s)", file=sys.stderr)
+        return 1
+    jobs: list[tuple[str, LLMTrainingJob]] = []
+    for document in documents:
+        try:
+            jobs.append((document.where(args.file), parse_job(document.body)))
+        except InvalidJob as exc:
+            _print_problems(document.where(args.file), exc.problems)
+    if len(jobs) < len(documents):
         return 1
     images = ImageSettings(trainer_image=args.trainer_image) if args.trainer_image else ImageSettings()
-    sys.stdout.write(_dump(render(job, images), args.output))
+    for where, job in jobs:
+        _accelerator_warning(where, job)
+    sys.stdout.write(_dump([o for _, job in jobs for o in render(job, images)], args.output))
     return 0
 
 
-def _print_problems(path: Path, problems: list[Problem]) -> None:
+def _print_problems(path: Path | str, problems: list[Problem]) -> None:
     for problem in problems:
         print(f"{path}: {problem}", file=sys.stderr)
 
@@ -81,17 +101,27 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if not docs:
             print(f"{path}: no document found", file=sys.stderr)
             failed = True
-        for doc in docs:
+        documents = _job_documents(path, docs)
+        if docs and not documents:
+            print(f"{path}: no {KIND} among its {len(docs)} document(s)", file=sys.stderr)
+            failed = True
+        for document in documents:
+            where = document.where(path)
             try:
-                job = parse_job(doc)
+                job = parse_job(document.body)
             except InvalidJob as exc:
-                _print_problems(path, exc.problems)
+                _print_problems(where, exc.problems)
                 failed = True
                 continue
-            for finding in memory.check(memory.Plan.of_job(job.spec)):
+            _accelerator_warning(where, job)
+            plan = memory.Plan.of_job(job.spec)
+            findings = memory.check(plan)
+            for finding in findings:
                 kind = "error" if finding.error else "warning"
-                print(f"{path}: {job.metadata.name}: memory {kind}: {finding.message}", file=sys.stderr)
+                print(f"{where}: {job.metadata.name}: memory {kind}: {finding.message}", file=sys.stderr)
                 failed = failed or finding.error
+            if not findings:
+                print(f"{where}: {job.metadata.name}: memory: {memory.summary(plan)}")
     if not failed:
         print(f"{len(args.files)} file(s) valid")
     return 1 if failed else 0
@@ -119,7 +149,18 @@ def local_trainer() -> Callable[..., int]:
     return runner
 
 
+def _run_notes(path: Path, use_gpu: bool) -> list[str]:
+    """What to say before a local run starts (the runner reports an unreadable file itself)."""
+    try:
+        bodies = [] if str(path) == "-" else list(_documents(path))
+    except (OSError, yaml.YAMLError):
+        return []
+    return [f"{path}: {line}" for line in advice.run_notes(bodies, use_gpu)]
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    for line in _run_notes(args.file, args.gpu):
+        print(line, file=sys.stderr)
     try:
         run_local = local_trainer()
     except TrainerNotInstalled as exc:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from llmtrain.accelerators import DEVICE_GIB_BY_PRODUCT, KNOWN_ACCELERATORS
 from llmtrain.api.spec import (
     DeepSpeedSpec,
     FsdpSpec,
@@ -44,17 +45,6 @@ GIB = 2**30
 # torch and Ray worker process on a CPU worker.
 GPU_RUNTIME_BYTES = 2 * GIB
 CPU_RUNTIME_BYTES = 1 * GIB
-# Memory of accelerators whose node label does not carry it (NVIDIA's gpu.product values).
-_KNOWN_DEVICE_GIB = {
-    "H200": 141,
-    "B200": 180,
-    "GH200": 96,
-    "L4": 24,
-    "A10G": 24,
-    "A10": 24,
-    "L40S": 48,
-    "T4": 16,
-}
 _SIZE_IN_LABEL = re.compile(r"(\d+)\s*GB?(?![a-z])", re.IGNORECASE)
 _SIZE_IN_NAME = re.compile(r"(?<![A-Za-z0-9.])(?:(\d+)x)?(\d+(?:\.\d+)?)([BM])(?![A-Za-z0-9])", re.IGNORECASE)
 
@@ -265,10 +255,13 @@ def device_memory_bytes(resources: ResourcesSpec) -> int | None:
     if mig:
         return int(mig.group(1)) * GIB
     label = resources.accelerator_type or ""
+    known = KNOWN_ACCELERATORS.get(resources.accelerator_label_key, {})
+    if label in known:
+        return known[label] * GIB
     sized = _SIZE_IN_LABEL.search(label.replace("-", " "))
     if sized:
         return int(sized.group(1)) * GIB
-    for name, size in _KNOWN_DEVICE_GIB.items():
+    for name, size in DEVICE_GIB_BY_PRODUCT.items():
         if re.search(rf"(?<![A-Za-z0-9]){name}(?![A-Za-z0-9])", label, re.IGNORECASE):
             return size * GIB
     return None
@@ -376,13 +369,7 @@ def check(plan: Plan, config: Mapping[str, Any] | None = None, counted: int | No
     capacity = plan.capacity
     if est is None or capacity is None:
         return []
-    unit = "GPU" if plan.on_gpu else "worker (resources.memory)"
-    basis = (
-        f"{human_count(est.total_parameters)} parameters from {est.source}, "
-        f"{human_count(est.trainable_parameters)} trained, {est.devices} device(s)"
-    )
-    if est.activations is None:
-        basis += "; activations not counted until the model's config.json is read at start-up"
+    unit, basis = _unit(plan), _basis(est)
     if est.states > capacity:
         return [
             Finding(
@@ -402,6 +389,45 @@ def check(plan: Plan, config: Mapping[str, Any] | None = None, counted: int | No
             )
         ]
     return []
+
+
+def _unit(plan: Plan) -> str:
+    return "GPU" if plan.on_gpu else "worker (resources.memory)"
+
+
+def _basis(est: Estimate) -> str:
+    basis = (
+        f"{human_count(est.total_parameters)} parameters from {est.source}, "
+        f"{human_count(est.trainable_parameters)} trained, {est.devices} device(s)"
+    )
+    if est.activations is None:
+        basis += "; activations not counted until the model's config.json is read at start-up"
+    return basis
+
+
+def summary(plan: Plan) -> str:
+    """One line on what the estimate says, whatever it says: `llmtrain validate` prints it for
+    every valid job, so a job that fits shows its margin too (`check` speaks only when it does not)."""
+    est = estimate(plan)
+    if est is None:
+        return (
+            "not estimated before start-up: the model's size is unknown until the trainer reads its "
+            "config.json (name the size in model.name, e.g. '-8B', or give model.config)"
+        )
+    unit, capacity = _unit(plan), plan.capacity
+    need = (
+        f"estimated peak {human_bytes(est.peak)}"
+        if est.peak is not None
+        else f"parameters, gradients and optimizer states {human_bytes(est.states)}"
+    )
+    if capacity is None:
+        return (
+            f"{need} per {unit}; the fit is not checked: the device's memory is unknown (neither "
+            "resources.acceleratorType nor a MIG gpuResourceName names a known size) "
+            f"({est.breakdown()}; {_basis(est)})"
+        )
+    verdict = "fits" if max(est.states, est.peak or 0) <= capacity else "does not fit"
+    return f"{verdict}: {need} per {unit} of {human_bytes(capacity)} ({est.breakdown()}; {_basis(est)})"
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,26 @@ def test_real_api_server_rejects_bad_spec_naming_the_field(
         assert message in result.stderr, (message, result.stderr)
 
 
+@pytest.mark.parametrize(
+    ("resources", "message"),
+    [
+        ({"memory": "2GB"}, "resources.memory must be a Kubernetes quantity: use e.g. 64Gi ("),
+        ({"cpu": "two"}, "resources.cpu must be a Kubernetes quantity: use e.g. 8 ("),
+    ],
+    ids=["memory-2GB", "cpu-two"],
+)
+def test_real_api_server_tells_a_malformed_quantity_its_field_and_an_example(
+    cluster: Cluster, bad_ns: str, resources: dict[str, str], message: str
+) -> None:
+    """Once, the API server answered with the quantity's 100-character OpenAPI pattern; now a CEL
+    rule answers, with one message (the positivity rule leaves a malformed value to it)."""
+    doc = minimal_job("bad-quantity", bad_ns, resources=resources)
+    result = apply_doc(cluster, doc, check=False)
+    assert result.returncode != 0, f"accepted: {result.stdout}"
+    assert message in result.stderr and result.stderr.count("must be") == 1, result.stderr
+    assert "[0-9]" not in result.stderr, result.stderr
+
+
 @pytest.mark.parametrize(("path", "value"), ACCEPTED, ids=[p for p, _ in ACCEPTED])
 def test_real_api_server_accepts_what_validate_accepts(
     cluster: Cluster, bad_ns: str, path: str, value: Any

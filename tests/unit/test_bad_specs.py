@@ -82,6 +82,9 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
     ("bad-memory-quantity", spec("resources", {"memory": "64GB"}), "resources.memory", True),
     ("bad-shm-quantity", spec("resources", {"sharedMemory": "-"}), "resources.sharedMemory", True),
     ("bad-pvc-size", spec("storage", {"create": {"size": "big"}}), "storage.create.size", True),
+    ("head-cpu-as-word", spec("resources", {"head": {"cpu": "two"}}), "resources.head.cpu", True),
+    ("head-memory-in-gb", spec("resources", {"head": {"memory": "8GB"}}), "resources.head.memory", True),
+    ("shm-with-a-space", spec("resources", {"sharedMemory": "16 Gi"}), "resources.sharedMemory", True),
     (
         "pvc-size-missing",
         spec("storage", {"create": {"storageClassName": "rwx"}}),
@@ -775,3 +778,28 @@ def test_a_sequence_as_long_as_the_positions_is_accepted() -> None:
     assert parse_job(doc).spec.dataset.max_seq_length == 1024
     # Without stated positions (transformers' per-model default), nothing is judged.
     parse_job(with_path(inline_config(), "spec.dataset.maxSeqLength", 65536))
+
+
+# ---- a malformed quantity: the field and an example, not the pattern ------------------------------
+@pytest.mark.parametrize(
+    ("path", "value", "field", "example"),
+    [
+        ("resources.memory", "2GB", "resources.memory", "64Gi"),
+        ("resources.cpu", "two", "resources.cpu", "8"),
+        ("resources.head.memory", "8 Gi", "resources.head.memory", "8Gi"),
+        ("storage", {"create": {"size": "500gb"}}, "storage.create.size", "500Gi"),
+    ],
+)
+def test_a_malformed_quantity_is_told_its_field_and_an_example(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], path: str, value: Any, field: str, example: str
+) -> None:
+    """`llmtrain validate` (pydantic) and the CRD (CEL, what `kubectl apply` shows) say the same
+    thing; the cluster tier checks the real API server's answer on the corpus above."""
+    doc = spec(path, value)
+    assert main(["validate", str(_write(tmp_path, doc))]) == 1
+    err = capsys.readouterr().err.strip()
+    message = f"{field} must be a Kubernetes quantity: use e.g. {example} ("
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert "[0-9]" not in err  # no regex
+    crd = cel_messages(doc)
+    assert len(crd) == 1 and crd[0].startswith(message) and crd[0] in err, crd

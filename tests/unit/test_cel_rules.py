@@ -9,11 +9,12 @@ coverage test, so no rule ships untested.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from llmtrain.api.base import POSITIVE_QUANTITY_RULE
+from llmtrain.api.base import POSITIVE_QUANTITY_RULE, QUANTITY_PATTERN, QUANTITY_RULE
 from llmtrain.api.cel import evaluate_rule, violations
 from llmtrain.api.crd import openapi_schema
 
@@ -365,6 +366,18 @@ CASES[POSITIVE_QUANTITY_RULE] = [
     ("0.0001", "00", None),
     ("10", "-10Gi", None),
 ]
+# A malformed quantity is QUANTITY_RULE's alone: the positivity rule lets it pass, so the API server
+# answers "two" with one message.
+CASES[POSITIVE_QUANTITY_RULE] += [("two", "-0", None), ("2GB", "0Gi", None)]
+CASES[QUANTITY_RULE] = [
+    ("64Gi", "64GB", None),
+    ("500m", "two", None),
+    ("1e3", "8 Gi", None),
+    (".5", "1.5.0", None),
+    ("+2", "Gi", None),
+    ("2G", "2gi", None),
+    ("-1", "", None),  # the sign is the positivity rule's business
+]
 CASES[_rule("network.env names must be unique")] = [
     ({"env": [{"name": "A"}, {"name": "B"}]}, {"env": [{"name": "A"}, {"name": "B"}, {"name": "A"}]}, None),
     ({}, {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "1"}]}, None),
@@ -487,3 +500,50 @@ def test_the_hybrid_shard_rule_counts_the_training_processes_as_the_spec_does() 
                     "resources": {"workers": workers, "gpusPerWorker": gpus},
                 }
                 assert evaluate_rule(rule, spec) == (resources.processes % shard == 0), (workers, gpus, shard)
+
+
+# The API server's own OpenAPI pattern of resource.Quantity (k8s.io/apimachinery), as it spells it.
+APISERVER_QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "1",
+        "+1",
+        "-1",
+        "1.",
+        ".5",
+        "1.5",
+        "500m",
+        "64Gi",
+        "64GB",
+        "64gi",
+        "1e3",
+        "1E-3",
+        "1e",
+        "1.5e+2",
+        "2 Gi",
+        "two",
+        "",
+        ".",
+        "+",
+        "1Ki",
+        "1K",
+        "1k",
+        "1.5.0",
+        "0x10",
+        "1ei",
+        "1Ei",
+        "1Mi ",
+        " 1",
+    ],
+)
+def test_the_quantity_pattern_accepts_what_the_api_servers_pattern_accepts(text: str) -> None:
+    """Rewritten without escapes (to sit in a CEL string), it means the same."""
+    expected = re.match(APISERVER_QUANTITY_PATTERN, text) is not None
+    assert (re.match(QUANTITY_PATTERN, text) is not None) is expected
+    assert evaluate_rule(QUANTITY_RULE, text) is expected

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from llmtrain.advice import NotOneJob, the_job
 from llmtrain.api import manifest_yaml
 from llmtrain.api.trainer_config import TrainerConfig
 from llmtrain.api.validation import InvalidJob, parse_job
@@ -43,16 +44,22 @@ def load_job_config(job_file: Path, runs_root: Path, use_gpu: bool) -> TrainerCo
     """Parse and validate the LLMTrainingJob file into this machine's TrainerConfig."""
     try:
         # Typed as kubectl would send it, for parse_job's strict (API-server) types.
-        document = next(manifest_yaml.load_all(job_file.read_text(encoding="utf-8")), None)
+        bodies = [d for d in manifest_yaml.load_all(job_file.read_text(encoding="utf-8")) if d is not None]
     except OSError as exc:
         raise InvalidJobFile(f"cannot read {job_file}: {exc.strerror or exc}") from exc
     except yaml.YAMLError as exc:
         raise InvalidJobFile(f"{job_file} is not valid YAML: {exc}") from exc
     try:
-        job = parse_job(document)
+        # The other documents (a Secret beside the job) are skipped, as validate and render do.
+        document = the_job(bodies)
+    except NotOneJob as exc:
+        raise InvalidJobFile(f"{job_file} {exc}") from exc
+    try:
+        job = parse_job(document.body)
     except InvalidJob as exc:
         raise InvalidJobFile(
-            f"{job_file} is not a valid LLMTrainingJob:\n" + "\n".join(f"  {p}" for p in exc.problems)
+            f"{document.where(job_file)} is not a valid LLMTrainingJob:\n"
+            + "\n".join(f"  {p}" for p in exc.problems)
         ) from exc
     # The job file is the local run's identity: the same file resumes, another file starts anew.
     config = local_trainer_config(

@@ -7,16 +7,21 @@ validator and the tests read the same rule text.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
-# Kubernetes resource.Quantity, as the apiserver's own OpenAPI pattern spells it.
+# Kubernetes resource.Quantity: the apiserver's own OpenAPI pattern, written with character classes
+# instead of escapes so the same text is a Python regex, an RE2 regex and a CEL string literal.
 QUANTITY_PATTERN = (
-    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
-    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+    "^[+-]?(([0-9]+([.][0-9]*)?)|([.][0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+    "([eE][+-]?(([0-9]+([.][0-9]*)?)|([.][0-9]+))))?$"
 )
 DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -53,25 +58,69 @@ def cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
     return entry
 
 
+# A quantity field is checked by a CEL rule, not an OpenAPI `pattern`: the API server answers a
+# pattern mismatch with the whole regex, a rule with its message, which names the field and an
+# example. The same message comes from the pydantic check (KubeQuantity), so `llmtrain validate`
+# and `kubectl apply` say the same thing.
+QUANTITY_RULE = f"self.matches('{QUANTITY_PATTERN}')"
+
 # A quantity whose mantissa has a non-zero digit and no sign but '+': greater than zero. Given a
 # string the quantity pattern accepts, the prefix match stays inside the mantissa (every suffix and
 # exponent starts with a letter). A regex because the product's offline CEL engine has no Kubernetes
 # quantity library (`quantity(self).isGreaterThan(...)`), and the API server's OpenAPI `pattern` is
-# RE2 (no lookahead to exclude zero); `matches` runs alike in both CEL engines.
-POSITIVE_QUANTITY_RULE = "self.matches('^[+]?[0-9]*[.]?[0-9]*[1-9]')"
+# RE2 (no lookahead to exclude zero); `matches` runs alike in both CEL engines. Only judged on a
+# quantity: the API server runs every rule, and "two" should get one message, QUANTITY_RULE's.
+POSITIVE_QUANTITY_RULE = f"!{QUANTITY_RULE} || self.matches('^[+]?[0-9]*[.]?[0-9]*[1-9]')"
+
+
+def quantity_message(field: str, example: str) -> str:
+    """What a malformed quantity is told, by the API server and by `llmtrain validate` alike."""
+    return (
+        f"{field} must be a Kubernetes quantity: use e.g. {example} (a number and an optional unit: "
+        "Ki, Mi, Gi, Ti, k, M, G, T, or m for thousandths; no space; GB is not a unit)"
+    )
 
 
 def positive_quantity(field: str, example: str) -> JsonDict:
-    """Field-level rule: a zero or negative quantity is refused at apply time (the pod would be
-    refused later, or never scheduled, or the job would OOM at once)."""
+    """A quantity field's rules: well-formed, then greater than zero (a zero or negative quantity
+    would be refused later with the pod, or never scheduled, or OOM at once)."""
     return {
         "x-kubernetes-validations": [
+            cel(QUANTITY_RULE, quantity_message(field, example)),
             cel(
                 POSITIVE_QUANTITY_RULE,
                 f"{field} must be greater than zero: give a positive quantity such as '{example}'",
-            )
+            ),
         ]
     }
+
+
+@dataclass(frozen=True)
+class KubeQuantity:
+    """Marks a string field as a Kubernetes quantity, with the field's path and an example value for
+    its messages (`Annotated[Quantity, KubeQuantity("resources.memory", "64Gi")]`): pydantic refuses
+    a malformed one with `quantity_message`, and the CRD gets `positive_quantity`'s rules."""
+
+    field: str
+    example: str
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_after_validator_function(self._check, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        json_schema = handler(schema)
+        json_schema.update(positive_quantity(self.field, self.example))
+        return json_schema
+
+    def _check(self, value: str) -> str:
+        if not _QUANTITY.match(value):
+            raise PydanticCustomError("quantity", quantity_message(self.field, self.example))
+        return value
+
+
+_QUANTITY = re.compile(QUANTITY_PATTERN)
 
 
 def immutable(field: str) -> JsonDict:

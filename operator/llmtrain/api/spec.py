@@ -19,13 +19,12 @@ from llmtrain.api.base import (
     IMAGE_REFERENCE,
     LABEL_VALUE,
     QUALIFIED_NAME,
-    QUANTITY_PATTERN,
     ApiModel,
+    KubeQuantity,
     SecretKeyRef,
     cel,
     immutable,
     metadata_keys_rule,
-    positive_quantity,
 )
 from llmtrain.api.pod_template import PodTemplateOverlay
 from llmtrain.api.tracking import TrackingSpec
@@ -33,7 +32,7 @@ from llmtrain.api.trainer_spec import HF_SEED_UNSUPPORTED, TrainerSpec
 from llmtrain.constants import CONFIG_DIR, DEFAULT_MOUNT_PATH
 from llmtrain.quantity import parse_quantity
 
-Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=64)]
+Quantity = Annotated[str, Field(max_length=64)]
 ShortString = Annotated[str, Field(min_length=1, max_length=253)]
 
 
@@ -394,15 +393,13 @@ class Toleration(ApiModel):
 class HeadResources(ApiModel):
     """The Ray head pod runs the driver and the dashboard; it gets no GPU."""
 
-    cpu: Quantity = Field(
+    cpu: Annotated[Quantity, KubeQuantity("resources.head.cpu", "2")] = Field(
         default="2",
         description="CPU request and limit of the Ray head.",
-        json_schema_extra=positive_quantity("resources.head.cpu", "2"),
     )
-    memory: Quantity = Field(
+    memory: Annotated[Quantity, KubeQuantity("resources.head.memory", "8Gi")] = Field(
         default="8Gi",
         description="Memory request and limit of the Ray head.",
-        json_schema_extra=positive_quantity("resources.head.memory", "8Gi"),
     )
 
 
@@ -479,22 +476,19 @@ class ResourcesSpec(ApiModel):
     accelerator_label_key: Annotated[str, Field(pattern=QUALIFIED_NAME, max_length=316)] = Field(
         default="nvidia.com/gpu.product", description="Node label key that acceleratorType matches."
     )
-    cpu: Quantity = Field(
+    cpu: Annotated[Quantity, KubeQuantity("resources.cpu", "8")] = Field(
         default="8",
         description="CPU request and limit of each worker pod; with GPUs at least half a core per GPU "
         "(each GPU's training process reserves that much Ray CPU).",
-        json_schema_extra=positive_quantity("resources.cpu", "8"),
     )
-    memory: Quantity = Field(
+    memory: Annotated[Quantity, KubeQuantity("resources.memory", "64Gi")] = Field(
         default="64Gi",
         description="Memory request and limit of each worker pod.",
-        json_schema_extra=positive_quantity("resources.memory", "64Gi"),
     )
-    shared_memory: Quantity = Field(
+    shared_memory: Annotated[Quantity, KubeQuantity("resources.sharedMemory", "16Gi")] = Field(
         default="16Gi",
         description="Size of the memory-backed /dev/shm of every Ray pod (NCCL and the object store "
         "need more than the 64Mi default); counts against the pod's memory.",
-        json_schema_extra=positive_quantity("resources.sharedMemory", "16Gi"),
     )
     head: HeadResources = Field(default_factory=HeadResources, description="Ray head pod resources.")
     node_selector: Annotated[
@@ -541,9 +535,8 @@ def _default_access_modes() -> list[AccessMode]:
 class StorageCreateSpec(ApiModel):
     """A PersistentVolumeClaim created for (and deleted with) the job."""
 
-    size: Quantity = Field(
+    size: Annotated[Quantity, KubeQuantity("storage.create.size", "500Gi")] = Field(
         description="Requested capacity, e.g. 500Gi.",
-        json_schema_extra=positive_quantity("storage.create.size", "500Gi"),
     )
     storage_class_name: Annotated[str, Field(pattern=DNS1123_SUBDOMAIN, max_length=253)] | None = Field(
         default=None, description="StorageClass; the cluster default when unset."
