@@ -1,4 +1,5 @@
-"""`llmtrain`: render, validate and run LLMTrainingJobs without a cluster; start the operator.
+"""`llmtrain`: render, validate and run LLMTrainingJobs without a cluster; start the operator;
+submit, follow and read jobs on a cluster (jobs_cli.py).
 
 Subcommands import heavy dependencies (Ray, torch, Kopf) lazily, so `render` and `validate` stay
 fast and work with only the core install.
@@ -16,11 +17,11 @@ from typing import Any
 
 import yaml
 
-from llmtrain import memory, plain_yaml
+from llmtrain import jobs_cli, memory, plain_yaml
 from llmtrain.api import manifest_yaml
 from llmtrain.api.crd import crd_yaml
 from llmtrain.api.validation import InvalidJob, Problem, parse_job
-from llmtrain.constants import DEFAULT_TRAINER_IMAGE, LOCAL_RUNS_DIR
+from llmtrain.constants import DEFAULT_TRAINER_IMAGE, LOCAL_RUNS_DIR, VERSION
 from llmtrain.operator import config as operator_config
 
 TRAINERS_GROUP = "llmtrain.trainers"
@@ -69,6 +70,22 @@ def _print_problems(path: Path, problems: list[Problem]) -> None:
         print(f"{path}: {problem}", file=sys.stderr)
 
 
+def check_document(path: Path, doc: Any) -> bool:
+    """One document as the API server would see it, plus the memory fit; problems go to stderr.
+    `validate` runs it on every document, `submit` on the one it applies."""
+    try:
+        job = parse_job(doc)
+    except InvalidJob as exc:
+        _print_problems(path, exc.problems)
+        return False
+    ok = True
+    for finding in memory.check(memory.Plan.of_job(job.spec)):
+        kind = "error" if finding.error else "warning"
+        print(f"{path}: {job.metadata.name}: memory {kind}: {finding.message}", file=sys.stderr)
+        ok = ok and not finding.error
+    return ok
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     failed = False
     for path in args.files:
@@ -82,16 +99,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(f"{path}: no document found", file=sys.stderr)
             failed = True
         for doc in docs:
-            try:
-                job = parse_job(doc)
-            except InvalidJob as exc:
-                _print_problems(path, exc.problems)
-                failed = True
-                continue
-            for finding in memory.check(memory.Plan.of_job(job.spec)):
-                kind = "error" if finding.error else "warning"
-                print(f"{path}: {job.metadata.name}: memory {kind}: {finding.message}", file=sys.stderr)
-                failed = failed or finding.error
+            failed = not check_document(path, doc) or failed
     if not failed:
         print(f"{len(args.files)} file(s) valid")
     return 1 if failed else 0
@@ -173,10 +181,11 @@ def cmd_operator(args: argparse.Namespace) -> int:
     return run_operator(config)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "llmtrain") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="llmtrain", description="Train LLMs on Kubernetes with one kubectl apply."
+        prog=prog, description="Train LLMs on Kubernetes with one kubectl apply."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("render", help="print the Kubernetes objects an LLMTrainingJob becomes")
@@ -225,13 +234,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("operator", help="run the Kubernetes operator")
     operator_config.add_arguments(p)
     p.set_defaults(func=cmd_operator)
+
+    jobs_cli.add_commands(sub)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "llmtrain") -> int:
+    args = build_parser(prog).parse_args(argv)
     code: int = args.func(args)
     return code
+
+
+def kubectl_plugin() -> int:
+    """`kubectl llmtrain ...`: kubectl runs the `kubectl-llmtrain` executable with the rest of the
+    command line, so the plugin is the same CLI under kubectl's name."""
+    return main(prog="kubectl llmtrain")
 
 
 if __name__ == "__main__":
