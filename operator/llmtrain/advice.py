@@ -66,7 +66,7 @@ class NotOneJob(ValueError):
     """`llmtrain run` trains one job per file: the file holds none or several."""
 
 
-def the_job(bodies: list[Any]) -> Document:
+def the_job(bodies: list[Any], verb: str = "llmtrain run trains") -> Document:
     """The one LLMTrainingJob document of a file that `llmtrain run` trains (the file is the local
     run's identity: the same file resumes, so one file holds one run)."""
     jobs, _ = job_documents(bodies)
@@ -76,8 +76,8 @@ def the_job(bodies: list[Any]) -> Document:
         raise NotOneJob(f"holds no {KIND} (of {len(bodies)} document(s))")
     places = ", ".join(str(d.index) for d in jobs)
     raise NotOneJob(
-        f"holds {len(jobs)} {KIND}s (documents {places} of {len(bodies)}); llmtrain run trains "
-        "one: put each job in a file of its own"
+        f"holds {len(jobs)} {KIND}s (documents {places} of {len(bodies)}); {verb} one: "
+        "put each job in a file of its own"
     )
 
 

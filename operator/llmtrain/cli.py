@@ -1,4 +1,5 @@
-"""`llmtrain`: render, validate and run LLMTrainingJobs without a cluster; start the operator.
+"""`llmtrain`: render, validate and run LLMTrainingJobs without a cluster; start the operator;
+submit, follow and read jobs on a cluster (jobs_cli.py).
 
 Subcommands import heavy dependencies (Ray, torch, Kopf) lazily, so `render` and `validate` stay
 fast and work with only the core install.
@@ -16,12 +17,12 @@ from typing import Any
 
 import yaml
 
-from llmtrain import advice, memory, plain_yaml
+from llmtrain import advice, jobs_cli, memory, plain_yaml
 from llmtrain.api import manifest_yaml
 from llmtrain.api.crd import crd_yaml
 from llmtrain.api.job import LLMTrainingJob
 from llmtrain.api.validation import InvalidJob, Problem, parse_job
-from llmtrain.constants import DEFAULT_TRAINER_IMAGE, KIND, LOCAL_RUNS_DIR
+from llmtrain.constants import DEFAULT_TRAINER_IMAGE, KIND, LOCAL_RUNS_DIR, VERSION
 from llmtrain.operator import config as operator_config
 
 TRAINERS_GROUP = "llmtrain.trainers"
@@ -45,7 +46,7 @@ def _job_documents(path: Path, bodies: list[Any]) -> list[advice.Document]:
     return jobs
 
 
-def _accelerator_warning(where: str, job: LLMTrainingJob) -> None:
+def _accelerator_warning(where: Path | str, job: LLMTrainingJob) -> None:
     warning = advice.accelerator_warning(job.spec.resources)
     if warning:
         print(f"{where}: {job.metadata.name}: warning: {warning}", file=sys.stderr)
@@ -89,6 +90,26 @@ def _print_problems(path: Path | str, problems: list[Problem]) -> None:
         print(f"{path}: {problem}", file=sys.stderr)
 
 
+def check_document(where: Path | str, doc: Any) -> bool:
+    """One document as the API server would see it, plus the accelerator label and the memory fit:
+    problems and warnings go to stderr, the estimate of a job that fits to stdout. `validate` runs
+    it on every job document, `submit` on the one it applies."""
+    try:
+        job = parse_job(doc)
+    except InvalidJob as exc:
+        _print_problems(where, exc.problems)
+        return False
+    _accelerator_warning(where, job)
+    plan = memory.Plan.of_job(job.spec)
+    findings = memory.check(plan)
+    for finding in findings:
+        kind = "error" if finding.error else "warning"
+        print(f"{where}: {job.metadata.name}: memory {kind}: {finding.message}", file=sys.stderr)
+    if not findings:
+        print(f"{where}: {job.metadata.name}: memory: {memory.summary(plan)}")
+    return not any(finding.error for finding in findings)
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     failed = False
     for path in args.files:
@@ -106,22 +127,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(f"{path}: no {KIND} among its {len(docs)} document(s)", file=sys.stderr)
             failed = True
         for document in documents:
-            where = document.where(path)
-            try:
-                job = parse_job(document.body)
-            except InvalidJob as exc:
-                _print_problems(where, exc.problems)
-                failed = True
-                continue
-            _accelerator_warning(where, job)
-            plan = memory.Plan.of_job(job.spec)
-            findings = memory.check(plan)
-            for finding in findings:
-                kind = "error" if finding.error else "warning"
-                print(f"{where}: {job.metadata.name}: memory {kind}: {finding.message}", file=sys.stderr)
-                failed = failed or finding.error
-            if not findings:
-                print(f"{where}: {job.metadata.name}: memory: {memory.summary(plan)}")
+            failed = not check_document(document.where(path), document.body) or failed
     if not failed:
         print(f"{len(args.files)} file(s) valid")
     return 1 if failed else 0
@@ -214,10 +220,11 @@ def cmd_operator(args: argparse.Namespace) -> int:
     return run_operator(config)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "llmtrain") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="llmtrain", description="Train LLMs on Kubernetes with one kubectl apply."
+        prog=prog, description="Train LLMs on Kubernetes with one kubectl apply."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("render", help="print the Kubernetes objects an LLMTrainingJob becomes")
@@ -266,13 +273,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("operator", help="run the Kubernetes operator")
     operator_config.add_arguments(p)
     p.set_defaults(func=cmd_operator)
+
+    jobs_cli.add_commands(sub)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "llmtrain") -> int:
+    args = build_parser(prog).parse_args(argv)
     code: int = args.func(args)
     return code
+
+
+def kubectl_plugin() -> int:
+    """`kubectl llmtrain ...`: kubectl runs the `kubectl-llmtrain` executable with the rest of the
+    command line, so the plugin is the same CLI under kubectl's name."""
+    return main(prog="kubectl llmtrain")
 
 
 if __name__ == "__main__":

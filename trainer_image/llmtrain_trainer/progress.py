@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from llmtrain.jobs_view import format_duration  # one clock format for the local bar and `llmtrain watch`
+
 from llmtrain_trainer.metrics import MetricsRecord
 from llmtrain_trainer.rundir import METRICS_FILE
 
@@ -78,13 +80,6 @@ def format_record(record: MetricsRecord) -> str:
     if record.eta_seconds is not None:
         parts.append(f"eta {format_duration(record.eta_seconds)}")
     return " | ".join(parts)
-
-
-def format_duration(seconds: float) -> str:
-    seconds = round(seconds)
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 class FanOut:

@@ -10,8 +10,9 @@ import json
 import threading
 from pathlib import Path
 
+from llmtrain.jobs_view import format_duration
+
 from llmtrain_trainer.metrics import MetricsRecord
-from llmtrain_trainer.progress import format_duration
 
 
 class ConsoleProgress:

@@ -1,0 +1,311 @@
+"""The cluster verbs (`llmtrain submit | status | watch | logs | delete | list`) against the real API
+server, KubeRay and the operator, run as a user runs them: a separate process with a kubeconfig,
+and `kubectl llmtrain` through the real kubectl's plugin lookup.
+
+kwok fakes the pods' lifecycle (the jobs are driven to Succeeded or Failed as in test_reconcile.py)
+but runs no container, so no log lines exist: `logs` is checked here up to the pod it picks and the
+API server's answer; its streaming of a real container's output belongs to tests/pods.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from llmtrain.constants import JOB_LABEL, ROLE_LABEL, VERSION
+
+from tests.support.cluster.cluster import Cluster
+from tests.support.cluster.steps import (
+    OperatorProcess,
+    apply_doc,
+    clear_outcome,
+    end_ray_job,
+    finish_job,
+    get,
+    items,
+    job_status,
+    wait_for,
+    wait_phase,
+)
+from tests.support.jobs import REPO_ROOT, load_example, with_path
+
+pytestmark = pytest.mark.usefixtures("jobs_deleted_first")
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def tiny_job(name: str, namespace: str, **paths: Any) -> dict[str, Any]:
+    """The tiny CPU example on a claim it creates: valid for `validate`, memory fit included."""
+    doc = load_example("tiny-cpu.yaml")
+    doc["metadata"] = {"name": name, "namespace": namespace}
+    doc = with_path(doc, "spec.storage", {"create": {"size": "1Gi", "storageClassName": "shared-rwx"}})
+    for dotted, value in paths.items():
+        doc = with_path(doc, dotted, value)
+    return doc
+
+
+def write(tmp_path: Path, doc: dict[str, Any]) -> Path:
+    path = tmp_path / f"{doc['metadata']['name']}.yaml"
+    path.write_text(json.dumps(doc))  # JSON is YAML: no YAML 1.1 surprises in what the test meant
+    return path
+
+
+def llmtrain_cmd(cluster: Cluster, *args: str) -> list[str]:
+    return [sys.executable, "-m", "llmtrain.cli", *args, "--kubeconfig", str(cluster.kubeconfig)]
+
+
+def llmtrain(cluster: Cluster, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        llmtrain_cmd(cluster, *args), capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT
+    )
+
+
+def set_progress(cluster: Cluster, namespace: str, name: str, progress: dict[str, Any]) -> None:
+    """What the trainer's rank 0 patches (status subresource, merge patch)."""
+    cluster.kubectl(
+        "patch",
+        "llmtj",
+        name,
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": {"progress": progress}}),
+    )
+
+
+def test_submit_applies_follows_and_exits_0_when_the_job_succeeds(
+    cluster: Cluster, operator: OperatorProcess, namespace: str, tmp_path: Path
+) -> None:
+    path = write(tmp_path, tiny_job("sub-ok", namespace))
+    follower = subprocess.Popen(
+        llmtrain_cmd(cluster, "submit", str(path)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+    )
+    try:
+        wait_phase(cluster, namespace, "sub-ok", "Running")
+        set_progress(
+            cluster, namespace, "sub-ok", {"step": 60, "totalSteps": 120, "loss": 2.5, "etaSeconds": 75}
+        )
+        wait_for(
+            lambda: (job_status(cluster, namespace, "sub-ok").get("progress") or {}).get("step") == 60,
+            what="the progress patch stored",
+        )
+        finish_job(cluster, namespace, "sub-ok", succeed=True)
+        out, err = follower.communicate(timeout=90)
+    finally:
+        follower.kill()
+    assert follower.returncode == 0, (out, err)
+    lines = out.splitlines()  # not a terminal: one line per change, never a redraw
+    assert "\r" not in out and "\033" not in out, out
+    assert "Running      [############............] 60/120  50% · loss 2.5000 · ETA 1:15" in lines, out
+    assert lines[-1].startswith("Succeeded"), out
+    assert f"submitted to namespace {namespace}" in err, err
+    stored = json.loads(
+        cluster.kubectl("get", "llmtj", "sub-ok", "-n", namespace, "-o=json", "--show-managed-fields").stdout
+    )
+    managers = {m["manager"]: m["operation"] for m in stored["metadata"]["managedFields"]}
+    assert managers.get("llmtrain-cli") == "Apply", managers  # server-side apply, by the CLI
+
+
+def test_submit_no_follow_then_watch_exits_1_when_the_job_fails_and_resubmit_updates(
+    cluster: Cluster, operator: OperatorProcess, namespace: str, tmp_path: Path
+) -> None:
+    doc = tiny_job("sub-fail", namespace, **{"spec.runPolicy.suspend": True})
+    done = llmtrain(cluster, "submit", str(write(tmp_path, doc)), "--no-follow")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "", done.stdout
+    wait_phase(cluster, namespace, "sub-fail", "Suspended")
+
+    # An edited file submitted again updates the job in place (create-or-update), here resuming it.
+    doc = with_path(doc, "spec.runPolicy.suspend", False)
+    done = llmtrain(cluster, "submit", str(write(tmp_path, doc)), "--no-follow")
+    assert done.returncode == 0, done.stderr
+    wait_phase(cluster, namespace, "sub-fail", "Running")
+
+    watcher = subprocess.Popen(
+        llmtrain_cmd(cluster, "watch", "sub-fail", "-n", namespace),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        end_ray_job(cluster, namespace, "sub-fail", succeed=False, message="rank 1 ran out of memory")
+        wait_phase(cluster, namespace, "sub-fail", "Failed")
+        out, err = watcher.communicate(timeout=90)
+    finally:
+        watcher.kill()
+        clear_outcome(cluster, namespace)
+    assert watcher.returncode == 1, (out, err)
+    assert out.splitlines()[0].startswith("Running"), out
+    assert out.splitlines()[-1].startswith("Failed"), out
+    message = job_status(cluster, namespace, "sub-fail")["message"]
+    assert f"Failed: {message}" in err, (err, message)
+
+
+def test_submit_refuses_an_invalid_spec_and_creates_nothing(
+    cluster: Cluster, operator: OperatorProcess, namespace: str, tmp_path: Path
+) -> None:
+    doc = tiny_job("bad", namespace, **{"spec.resources.memory": "2GB"})
+    done = llmtrain(cluster, "submit", str(write(tmp_path, doc)))
+    assert done.returncode == 1, done
+    assert ".spec.resources.memory" in done.stderr and "not submitted" in done.stderr, done.stderr
+    assert get(cluster, "llmtj", "bad", namespace) is None
+
+
+def test_status_shows_the_diagnosis_of_why_a_job_waits(
+    cluster: Cluster, operator: OperatorProcess, namespace: str
+) -> None:
+    """The operator names what keeps the Ray cluster from starting; `status` shows it as stored."""
+    cluster.kubectl("create", "secret", "generic", "hf-token", "-n", namespace, "--from-literal=token=x")
+    doc = load_example("llama3-8b-fsdp.yaml")
+    doc["metadata"]["namespace"] = namespace
+    doc = with_path(doc, "spec.resources.acceleratorType", "NVIDIA-B200")
+    apply_doc(cluster, doc)
+    name = doc["metadata"]["name"]
+
+    def blocked() -> dict[str, Any] | None:
+        status = job_status(cluster, namespace, name)
+        conditions = {c["type"]: c for c in status.get("conditions") or []}
+        ok = (conditions.get("StartupBlocked") or {}).get("status") == "True"
+        return status if ok else None
+
+    status = wait_for(blocked, timeout=60, what="the StartupBlocked diagnosis")
+    done = llmtrain(cluster, "status", name, "-n", namespace)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[2] == "Phase:        Initializing", lines
+    assert lines[3] == f"Message:      {status['message'].splitlines()[0]}", (lines, status["message"])
+    assert "NVIDIA-B200" in done.stdout
+    rows = lines[lines.index("Conditions:") + 2 :]
+    assert any(r.split()[:3] == ["StartupBlocked", "True", "NoMatchingNode"] for r in rows), rows
+
+    as_json = llmtrain(cluster, "status", name, "-n", namespace, "-o", "json")
+    assert json.loads(as_json.stdout)["message"] == job_status(cluster, namespace, name)["message"]
+
+
+def test_status_shows_progress_and_list_tabulates_jobs_also_through_kubectl(
+    cluster: Cluster, operator: OperatorProcess, namespace: str, other_namespace: str, tmp_path: Path
+) -> None:
+    apply_doc(cluster, tiny_job("alpha", namespace))
+    apply_doc(cluster, tiny_job("beta", namespace, **{"spec.runPolicy.suspend": True}))
+    apply_doc(cluster, tiny_job("gamma", other_namespace, **{"spec.runPolicy.suspend": True}))
+    wait_phase(cluster, namespace, "alpha", "Running")
+    wait_phase(cluster, namespace, "beta", "Suspended")
+    wait_phase(cluster, other_namespace, "gamma", "Suspended")
+    set_progress(
+        cluster,
+        namespace,
+        "alpha",
+        {"step": 30, "totalSteps": 120, "loss": 3.25, "tokensPerSecond": 4096.0, "etaSeconds": 90},
+    )
+
+    status = llmtrain(cluster, "status", "alpha", "-n", namespace)
+    assert status.returncode == 0, status.stderr
+    assert "Progress:     30/120 (25%) · loss 3.2500 · 4,096 tok/s · ETA 1:30" in status.stdout.splitlines()
+
+    # The context's namespace is the default, as kubectl's is.
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(cluster.kubeconfig.read_text())
+    cluster.kubectl("config", "set-context", "--current", f"--namespace={namespace}", kubeconfig=kubeconfig)
+    listed = subprocess.run(
+        [sys.executable, "-m", "llmtrain.cli", "list", "--kubeconfig", str(kubeconfig)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert listed.returncode == 0, listed.stderr
+    rows = [line.split() for line in listed.stdout.splitlines()]
+    assert rows[0] == ["NAME", "PHASE", "PROGRESS", "LOSS", "TOKENS/S", "ETA", "AGE"], rows
+    assert len(rows) == 3 and rows[1][:6] == ["alpha", "Running", "30/120", "3.2500", "4,096", "1:30"], rows
+    assert rows[2][:2] == ["beta", "Suspended"] and len(rows[2]) == 3, rows  # no progress yet: NAME PHASE AGE
+
+    everywhere = llmtrain(cluster, "list", "-A")
+    names = {tuple(line.split()[:3]) for line in everywhere.stdout.splitlines()[1:]}
+    assert {(namespace, "alpha", "Running"), (other_namespace, "gamma", "Suspended")} <= names, names
+
+    # The kubectl plugin: the console script as pip writes it, found by the real kubectl on PATH.
+    plugin_dir = tmp_path / "bin"
+    plugin_dir.mkdir()
+    plugin = plugin_dir / "kubectl-llmtrain"
+    plugin.write_text(
+        f"#!{sys.executable}\nimport sys\n"
+        "from llmtrain.cli import kubectl_plugin\nsys.exit(kubectl_plugin())\n"
+    )
+    plugin.chmod(0o755)
+    kubectl = Path(cluster.bins["kubectl"])
+    env = {
+        **os.environ,
+        "PATH": os.pathsep.join([str(plugin_dir), str(VENV_BIN), str(kubectl.parent)]),
+        "KUBECONFIG": str(cluster.kubeconfig),
+    }
+    found = subprocess.run(["kubectl", "plugin", "list"], env=env, capture_output=True, text=True, timeout=30)
+    assert str(plugin) in found.stdout, (found.stdout, found.stderr)
+    via_kubectl = subprocess.run(
+        ["kubectl", "llmtrain", "list", "-n", namespace], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert via_kubectl.returncode == 0, via_kubectl.stderr
+    assert [line.split()[:2] for line in via_kubectl.stdout.splitlines()[1:]] == [
+        ["alpha", "Running"],
+        ["beta", "Suspended"],
+    ], via_kubectl.stdout
+    version = subprocess.run(["kubectl", "llmtrain", "--version"], env=env, capture_output=True, text=True)
+    assert version.stdout == f"kubectl llmtrain {VERSION}\n", version
+
+
+def test_delete_removes_the_job_and_refuses_an_unknown_one(
+    cluster: Cluster, operator: OperatorProcess, namespace: str
+) -> None:
+    apply_doc(cluster, tiny_job("gone", namespace, **{"spec.runPolicy.suspend": True}))
+    wait_phase(cluster, namespace, "gone", "Suspended")
+    done = llmtrain(cluster, "delete", "gone", "-n", namespace)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == 'llmtrainingjob.llmtrain.dev "gone" deleted\n'
+    wait_for(lambda: get(cluster, "llmtj", "gone", namespace) is None, what="the job gone")
+
+    for verb in ("delete", "status", "watch", "logs"):
+        missing = llmtrain(cluster, verb, "gone", "-n", namespace)
+        assert missing.returncode == 1, (verb, missing)
+        assert f"llmtrain {verb}: error: LLMTrainingJob {namespace}/gone not found" in missing.stderr, missing
+
+
+def test_logs_picks_the_submitter_the_head_or_worker_n(
+    cluster: Cluster, operator: OperatorProcess, namespace: str
+) -> None:
+    apply_doc(cluster, tiny_job("logged", namespace))
+    wait_phase(cluster, namespace, "logged", "Running")
+
+    def pod_names(role: str) -> list[str]:
+        pods = items(cluster, "pods", namespace, f"{JOB_LABEL}=logged,{ROLE_LABEL}={role}")
+        return sorted(p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp"))
+
+    pods = wait_for(
+        lambda: (
+            all(len(pod_names(r)) == n for r, n in (("submitter", 1), ("head", 1), ("worker", 2)))
+            and {r: pod_names(r) for r in ("submitter", "head", "worker")}
+        ),
+        timeout=60,
+        what="the submitter, the head and two worker pods",
+    )
+    for args, role, expected in (
+        ((), "submitter", pods["submitter"][0]),
+        (("--head",), "head", pods["head"][0]),
+        (("--worker", "1"), "worker", pods["worker"][1]),
+    ):
+        done = llmtrain(cluster, "logs", "logged", "-n", namespace, *args, timeout=120)
+        assert f"==> pod {expected} ({role})" in done.stderr, (args, done.stderr)
+        # kwok's fake nodes serve no logs: the API server's refusal comes back as one clear line.
+        assert done.returncode == 1 and f"cannot read the logs of pod {expected}" in done.stderr, done
+
+    beyond = llmtrain(cluster, "logs", "logged", "-n", namespace, "--worker", "2")
+    assert beyond.returncode == 1
+    assert "no worker 2: it has 2 worker pod(s), 0 to 1" in beyond.stderr, beyond.stderr
