@@ -51,7 +51,7 @@ prepare: $(STAMP) ## build the cluster's binaries (tools) and the images side by
 test-fast: $(STAMP) ## the inner loop (~1 min): lint, unit, chart, e2e script checks, trainer checks without Ray
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(PY) -m pytest -q -m "not e2e and not slow" tests/unit tests/chart tests/e2e tests/trainer
+	$(PY) -m pytest -q -m "not e2e and not slow and not thorough" tests/unit tests/chart tests/e2e tests/trainer
 
 lock: $(STAMP) ## rewrite constraints.txt from the current venv (after `make test` passed with new versions)
 	bash hack/lock.sh $(PY)

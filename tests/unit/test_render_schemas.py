@@ -123,6 +123,7 @@ def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
     return doc
 
 
+@pytest.mark.thorough
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(valid_specs())
 def test_generated_specs_render_valid_objects(doc: dict[str, Any]) -> None:

@@ -62,6 +62,9 @@ PROBE = textwrap.dedent(
 )
 
 
+pytestmark = pytest.mark.thorough  # DeepSpeed's import and engine start: 17 s
+
+
 @pytest.fixture(scope="module")
 def probe() -> dict[str, dict[str, object]]:
     env = {

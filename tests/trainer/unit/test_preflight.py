@@ -113,6 +113,7 @@ def test_unreadable_and_malformed_config(tmp_path: Path, capsys: pytest.CaptureF
     assert code == 2 and "is not valid JSON" in err
 
 
+@pytest.mark.thorough
 def test_entrypoint_exits_2_without_starting_ray(tmp_path: Path) -> None:
     """The RayJob's exact command: a bad dataset path fails fast, in one line, with no Ray started."""
     config = tiny_config(tmp_path, "bad", dataset={"path": str(tmp_path / "no-such-data")})
