@@ -110,6 +110,15 @@ def test_readme_example_trains_in_real_pods_reports_progress_and_exports_a_loada
         assert env.get("FQ_RAY_IP", "").endswith(f".{namespace}.svc.cluster.local"), env.get("FQ_RAY_IP")
     # KubeRay's submitter Job ran `ray job submit` to completion.
     assert watch.submitter_succeeded
+    # `llmtrain logs` reads them as a user would: the submitter's log (the default) is the
+    # driver's, with the trainer's step lines forwarded from the workers; the head and a worker
+    # answer too (their containers run `ray start`).
+    steps = example["spec"]["training"]["maxSteps"]
+    logs = jobs.llmtrain(cluster, "logs", name, "-n", namespace, "--follow")
+    assert f"step {steps}/{steps}" in logs.stdout and "(submitter)" in logs.stderr, logs.stdout[-3000:]
+    for which in (["--head"], ["--worker", "1"]):
+        shown = jobs.llmtrain(cluster, "logs", name, "-n", namespace, "--tail", "5", *which)
+        assert f"({'head' if which == ['--head'] else 'worker'})" in shown.stderr, shown.stderr
 
     # `kubectl get llmtj` showed the step advancing with a loss while it trained.
     progress = watch.progress()

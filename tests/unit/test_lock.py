@@ -124,7 +124,8 @@ def test_the_base_images_can_be_pinned_by_digest() -> None:
     it by digest with --build-arg."""
     for dockerfile in DOCKERFILES:
         text = (REPO_ROOT / dockerfile).read_text()
-        bases = re.findall(r"^FROM (\S+)", text, flags=re.MULTILINE)
+        stages = set(re.findall(r"^FROM \S+ AS (\S+)", text, flags=re.MULTILINE))
+        bases = [b for b in re.findall(r"^FROM (\S+)", text, flags=re.MULTILINE) if b not in stages]
         assert bases and all(re.fullmatch(r"\$\{[A-Z_]+\}", b) for b in bases), (dockerfile, bases)
         for base in set(bases):
             assert re.search(rf"^ARG {base[2:-1]}=\S+:\S+$", text, flags=re.MULTILINE), (dockerfile, base)
@@ -134,7 +135,8 @@ def test_the_trainer_image_and_make_install_get_the_tracking_clients() -> None:
     """spec.tracking's clients (the [track] extra) are in the requirements the trainer image
     installs (its Dockerfile's own one-liner, run here on pyproject.toml) and in `make install`."""
     dockerfile = (REPO_ROOT / "trainer_image" / "Dockerfile").read_text()
-    (one_liner,) = re.findall(r"python -c '([^']*optional-dependencies[^']*)' > requirements.txt", dockerfile)
+    pattern = r"python -c '([^']*optional-dependencies[^']*)' > /requirements.txt"
+    (one_liner,) = re.findall(pattern, dockerfile)
     import contextlib
     import io
     import os
