@@ -77,6 +77,9 @@ class TrainerState:
     data: DataPosition = field(default_factory=DataPosition)
     """The built-in loop's place in the data (the other modes keep their own)."""
     tokens_seen: int = 0
+    samples_seen: int = 0
+    """Sequences all ranks consumed (microBatchSize × accumulation × workers per step): the clock
+    of an epochs-based LR schedule, which must not depend on the worker count (steps do)."""
     world_size: int = 1
     shape: dict[str, Any] = field(default_factory=dict)
     """What the files depend on (resume_from.run_shape), checked before another run loads them;
@@ -89,6 +92,7 @@ class TrainerState:
             "step": self.step,
             "data": self.data.to_dict(),
             "tokens_seen": self.tokens_seen,
+            "samples_seen": self.samples_seen,
             "world_size": self.world_size,
             "shape": self.shape,
             "trainer": self.trainer,
@@ -101,6 +105,7 @@ class TrainerState:
             step=int(data["step"]),
             data=DataPosition.from_dict(data["data"]) if data.get("data") else DataPosition(),
             tokens_seen=int(data.get("tokens_seen", 0)),
+            samples_seen=int(data.get("samples_seen", 0)),
             world_size=int(data.get("world_size", 1)),
             shape=dict(data.get("shape") or {}),
             trainer=str(data.get("trainer", "builtin")),

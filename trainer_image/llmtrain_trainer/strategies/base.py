@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
 
 from llmtrain_trainer.distributed import WorkerEnv
 from llmtrain_trainer.loss import token_loss_sum
@@ -62,6 +63,8 @@ class Strategy(abc.ABC):
     name: str
     model: nn.Module
     """The module to call for forward passes (wrapped as the strategy needs)."""
+    scheduler: LRScheduler
+    """The LR schedule (`optim.build_scheduler`), stepped once per optimizer step."""
     reshardable_checkpoints = True
     """Whether `load` accepts a checkpoint written by a different number of workers."""
 
