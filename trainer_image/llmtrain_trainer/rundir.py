@@ -7,6 +7,7 @@ checkpoint_manager_snapshot.json   Ray Train's record of them (what a restart re
 metrics.jsonl               rank 0's progress records, appended across attempts
 result.json                 `RunResult`, written by rank 0 when the run has finished (lifecycle.py)
 export/                     the Hugging Face export (never a reported checkpoint)
+.watchdog/rank-N.json       each rank's step and phase, for naming a stuck rank (watchdog.py)
 summary.json, loss_curve.png   written by `llmtrain run`
 
 The export directory's name is shared with the renderer: llmtrain.constants.EXPORT_DIR.

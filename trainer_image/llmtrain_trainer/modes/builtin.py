@@ -39,7 +39,7 @@ from llmtrain_trainer.optim import rebase_scheduler
 from llmtrain_trainer.strategies import make_strategy
 from llmtrain_trainer.strategies.base import Strategy
 from llmtrain_trainer.tokenizer import load_tokenizer
-from llmtrain_trainer.watchdog import ErrorSink, StallReporter, StepWatchdog
+from llmtrain_trainer.watchdog import WATCHDOG_DIR, ErrorSink, StallReporter, StepWatchdog
 
 log = logging.getLogger(__name__)
 
@@ -206,13 +206,20 @@ class TrainingRun:
         config = self.config
 
         def open_sink() -> ErrorSink | None:
-            if not config.progress.report_to_kubernetes:
+            # Rank 0 alone writes the status: it names the stuck rank from every rank's phase.
+            if not config.progress.report_to_kubernetes or not self.env.is_main:
                 return None
             from llmtrain_trainer.kube_progress import kubernetes_sink
 
             return kubernetes_sink(config)
 
-        return StepWatchdog(self.env.rank, config.collective_timeout_seconds, StallReporter(open_sink))
+        return StepWatchdog(
+            self.env.rank,
+            config.collective_timeout_seconds,
+            StallReporter(open_sink),
+            board=self.run_dir / WATCHDOG_DIR,
+            world_size=self.env.world_size,
+        )
 
     def _steps(
         self,
@@ -237,6 +244,7 @@ class TrainingRun:
             micro_batches, step_counts = next_step_batches(
                 batches, training.gradient_accumulation_steps, env.device
             )
+            watchdog.entering_collectives()
             if fixed_local_tokens is not None:
                 step_trained = fixed_local_tokens * env.world_size
             else:
@@ -275,10 +283,9 @@ class TrainingRun:
                 losses.zero_()
             if state.step % config.checkpoint.every_steps == 0 or (last and life.options.checkpoint_at_end):
                 self._flush_counts(counts, state, flops)  # tokens_seen goes in the checkpoint
-                with life.paused() as started:
+                with life.paused() as started, watchdog.paused():
                     self._checkpoint(strategy, state, data, pad_id, started)
-                    watchdog.beat(state.step)
-        with life.paused():
+        with life.paused(), watchdog.paused():
             life.complete_pending()
 
     def _flush_counts(
