@@ -263,7 +263,7 @@ class TrainingRun:
             state.samples_seen += samples_per_step(config, env.world_size)
             state.data = batches.position
             watchdog.beat(state.step)
-            if state.step == first_step + 1 and apply_training_timeout(config):
+            if state.step == first_step + 1 and apply_training_timeout(config, strategy.process_groups()):
                 watchdog.set_timeout(training_timeout_seconds(config))
                 if env.is_main:
                     log.info("collective timeout now %ds (network.stepTimeoutSeconds)", watchdog.timeout)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
@@ -79,6 +80,11 @@ class Strategy(abc.ABC):
         self.dtype = compute_dtype(config.training.precision, env)
         self.lora = config.method.type == "lora"
         self.initial_weights = initial_weights or self.lora
+
+    def process_groups(self) -> list[dist.ProcessGroup]:
+        """The strategy's own process groups besides the default one (an HSDP mesh's), whose
+        timeout follows the default group's."""
+        return []
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Logits for a micro-batch already on the device.
