@@ -92,17 +92,15 @@ class Stall:
     @property
     def message(self) -> str:
         where = (
-            f"{self.stuck}. Look at that rank's stack (py-spy dump)"
+            f"{self.stuck}. Look at that rank's stack (py-spy dump) and its node's network and storage"
             if self.stuck
-            else (
-                "a rank is stuck (a hung collective, storage or data loading). Look at the ranks' stacks "
-                "(py-spy dump)"
-            )
+            else "a rank is stuck (a hung collective, storage or data loading). Look at the ranks' "
+            "stacks (py-spy dump) and their nodes' network and storage"
         )
         return (
             f"rank {self.rank}: no training step completed for {self.seconds:.0f}s since step "
             f"{self.last_step}; the process-group timeout will end the run after "
-            f"{self.timeout_seconds:.0f}s; {where} and its node's network and storage"
+            f"{self.timeout_seconds:.0f}s; {where}"
         )
 
 
