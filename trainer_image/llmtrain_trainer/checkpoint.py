@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import random
-import shutil
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +33,13 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from llmtrain_trainer.data import DataPosition
 from llmtrain_trainer.distributed import WorkerEnv
-from llmtrain_trainer.rundir import STATE_FILE, checkpoint_name, complete_checkpoints, write_durably
+from llmtrain_trainer.rundir import (
+    STATE_FILE,
+    checkpoint_name,
+    checkpoint_order,
+    complete_checkpoints,
+    write_durably,
+)
 from llmtrain_trainer.strategies.base import Strategy
 
 log = logging.getLogger(__name__)
@@ -72,6 +77,9 @@ class TrainerState:
     data: DataPosition = field(default_factory=DataPosition)
     """The built-in loop's place in the data (the other modes keep their own)."""
     tokens_seen: int = 0
+    samples_seen: int = 0
+    """Sequences all ranks consumed (microBatchSize × accumulation × workers per step): the clock
+    of an epochs-based LR schedule, which must not depend on the worker count (steps do)."""
     world_size: int = 1
     shape: dict[str, Any] = field(default_factory=dict)
     """What the files depend on (resume_from.run_shape), checked before another run loads them;
@@ -84,6 +92,7 @@ class TrainerState:
             "step": self.step,
             "data": self.data.to_dict(),
             "tokens_seen": self.tokens_seen,
+            "samples_seen": self.samples_seen,
             "world_size": self.world_size,
             "shape": self.shape,
             "trainer": self.trainer,
@@ -96,6 +105,7 @@ class TrainerState:
             step=int(data["step"]),
             data=DataPosition.from_dict(data["data"]) if data.get("data") else DataPosition(),
             tokens_seen=int(data.get("tokens_seen", 0)),
+            samples_seen=int(data.get("samples_seen", 0)),
             world_size=int(data.get("world_size", 1)),
             shape=dict(data.get("shape") or {}),
             trainer=str(data.get("trainer", "builtin")),
@@ -153,15 +163,24 @@ def start(strategy: Strategy, state: TrainerState, run_dir: Path, env: WorkerEnv
 
 
 def prepare(run_dir: Path, step: int, env: WorkerEnv) -> Path:
-    """An empty `checkpoint-step-N/` for every rank to write into (a collective)."""
-    directory = run_dir / checkpoint_name(step)
+    """A new, empty `checkpoint-step-N/` for every rank to write into (a collective).
+
+    Never a directory that exists: after falling back past a corrupt checkpoint, or after an
+    attempt died around its report, Ray Train may have registered that path already. Ray keys its
+    entries by report, not by path, so re-using the path would make it track two entries for one
+    directory, delete the new files when retiring the old entry, then fail on the missing path
+    (and a restarted driver refuse the run). A later save of the step gets `checkpoint-step-N-K/`.
+    """
+    names: list[str | None] = [None]
     if env.is_main:
-        if directory.exists():
-            # Left over from an attempt that died before reporting it: never registered, so stale.
-            shutil.rmtree(directory)
-        directory.mkdir(parents=True)
-    dist.barrier()
-    return directory
+        copy = 0
+        while (run_dir / checkpoint_name(step, copy)).exists():
+            copy += 1
+        (run_dir / checkpoint_name(step, copy)).mkdir(parents=True)
+        names[0] = checkpoint_name(step, copy)
+    dist.broadcast_object_list(names, src=0)
+    assert names[0] is not None
+    return run_dir / names[0]
 
 
 def state_text(state: TrainerState) -> bytes:
@@ -228,7 +247,8 @@ def restore(strategy: Strategy, env: WorkerEnv, run_dir: Path) -> Restored | Non
     if checkpoint is None:
         return None
     latest = run_dir / Path(checkpoint.path).name
-    candidates = [latest, *(p for p in complete_checkpoints(run_dir) if p.name < latest.name)]
+    older = (p for p in complete_checkpoints(run_dir) if checkpoint_order(p) < checkpoint_order(latest))
+    candidates = [latest, *older]
     skipped: list[str] = []
     for directory in candidates:
         state, failure = _try_load(strategy, directory, env)

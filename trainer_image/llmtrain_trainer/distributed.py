@@ -8,7 +8,7 @@ the checkpoint code; the helpers here are collectives, so every rank must reach 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -111,11 +111,29 @@ def training_timeout_seconds(config: TrainerConfig) -> int:
     )
 
 
-def apply_training_timeout(config: TrainerConfig) -> bool:
-    """Shorten the default process group's timeout (gloo and NCCL take a new one after init); the
-    same local setting on every rank, no collective. Returns whether anything changed."""
+def apply_training_timeout(config: TrainerConfig, groups: Sequence[dist.ProcessGroup] = ()) -> bool:
+    """Shorten the timeout of the default process group and of the strategy's own `groups` (an
+    HSDP mesh's; gloo and NCCL take a new one after init). Returns whether anything changed.
+
+    A collective (every rank calls it after the same step): a barrier under the start-up timeout
+    first, so no rank runs the next step's collectives on the short timeout while another is still
+    in a slow first step (compilation, first allocations)."""
     seconds = training_timeout_seconds(config)
     if seconds >= config.collective_timeout_seconds:
         return False
-    _set_pg_timeout(timedelta(seconds=seconds))
+    dist.barrier()
+    if dist.get_backend() == "nccl":
+        torch.cuda.synchronize()  # NCCL's barrier returns before it has completed on the device
+    set_group_timeouts(seconds, groups)
     return True
+
+
+def set_group_timeouts(
+    seconds: int, groups: Sequence[dist.ProcessGroup] = (), default_group: bool = True
+) -> None:
+    """Set the timeout of `groups` (this rank's groups of a device mesh) and of the default group."""
+    timeout = timedelta(seconds=seconds)
+    if default_group:
+        _set_pg_timeout(timeout)
+    for group in groups:
+        _set_pg_timeout(timeout, group)

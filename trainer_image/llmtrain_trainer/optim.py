@@ -9,15 +9,18 @@ from typing import Any
 import torch
 from llmtrain.api.spec import TrainingSpec
 from torch import nn
-from torch.optim.lr_scheduler import LambdaLR
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 
 def warmup_steps(training: TrainingSpec, total_steps: int) -> int:
     return math.ceil(training.warmup_ratio * total_steps)
 
 
-def lr_factor(step: int, *, warmup: int, total: int, kind: str) -> float:
-    """Multiplier of the peak learning rate for the optimizer step with index `step` (0-based)."""
+def lr_factor(step: float, *, warmup: int, total: int, kind: str, shift: float = 0.0) -> float:
+    """Multiplier of the peak learning rate for the optimizer step with index `step` (0-based).
+
+    `shift` moves a resumed run onto the schedule of its new worker count (`rebase_scheduler`)."""
+    step += shift
     if step < warmup:
         return (step + 1) / warmup
     if kind == "constant" or total <= warmup:
@@ -68,3 +71,22 @@ def build_scheduler(optimizer: torch.optim.Optimizer, training: TrainingSpec, to
         lr_factor, warmup=warmup_steps(training, total_steps), total=total_steps, kind=training.lr_scheduler
     )
     return LambdaLR(optimizer, schedule)
+
+
+def rebase_scheduler(scheduler: LRScheduler, training: TrainingSpec, total_steps: int, shift: float) -> None:
+    """Put a restored schedule on the one a run of `total_steps` steps follows, `shift` steps
+    ahead of the restored step count: a run resumed on another worker count continues at the
+    same point of its schedule (its samples seen), not at the same step number. The learning
+    rate of the next step changes at once."""
+    assert isinstance(scheduler, LambdaLR), type(scheduler)
+    factor = partial(
+        lr_factor,
+        warmup=warmup_steps(training, total_steps),
+        total=total_steps,
+        kind=training.lr_scheduler,
+        shift=shift,
+    )
+    scheduler.lr_lambdas = [factor] * len(scheduler.optimizer.param_groups)
+    for group, base in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, strict=True):
+        group["lr"] = base * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]

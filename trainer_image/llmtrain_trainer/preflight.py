@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 from llmtrain import memory
-from llmtrain.api.spec import LoraSpec
+from llmtrain.api.spec import DeepSpeedSpec, LoraSpec
 from llmtrain.api.trainer_config import TrainerConfig
 from transformers import PretrainedConfig
 
@@ -46,6 +46,7 @@ def check(config: TrainerConfig) -> None:
         skeleton = models.build_from_config(hf_config, torch.float32, meta=True, seed=0)
         _check_lora_targets(config, hf_config, skeleton)
         _check_memory(config, hf_config, skeleton)
+        _check_export(config, models.count_parameters(skeleton)[0])
         _check_storage(Path(config.storage_path))
         _check_trainer(config)
         _check_resume_from(config)
@@ -129,6 +130,32 @@ def _check_memory(config: TrainerConfig, hf_config: PretrainedConfig, skeleton: 
         if finding.error:
             raise PreflightError(f"spec: {finding.message}")
         log.warning("spec: memory: %s", finding.message)
+
+
+def _check_export(config: TrainerConfig, parameters: int) -> None:
+    """Say that a Hugging Face mode export gathers the whole model on rank 0 (not refused: it fits
+    small and mid-size models; the built-in loop streams its export one tensor at a time).
+
+    transformers' save_model goes through accelerate's `get_state_dict`: a full fp32
+    FULL_STATE_DICT under FSDP, the 16-bit consolidated state dict under ZeRO-3. DDP and ZeRO-1/2
+    ranks hold the whole model anyway, so nothing more is gathered there."""
+    if config.trainer.type != "huggingface" or not config.checkpoint.export:
+        return
+    strategy = config.strategy
+    if strategy.type == "fsdp":
+        size, what = parameters * 4, "an fp32 full state dict"
+    elif strategy.type == "deepspeed" and (strategy.deepspeed or DeepSpeedSpec()).zero_stage == 3:
+        size, what = parameters * 2, "a 16-bit consolidated state dict"
+    else:
+        return
+    log.warning(
+        "checkpoint.export with trainer.type huggingface and strategy %s gathers the whole model on "
+        "rank 0 (%s, about %s of host memory on that worker at the end of the run); "
+        "trainer.type builtin streams the export one tensor at a time",
+        strategy.type,
+        what,
+        memory.human_bytes(size),
+    )
 
 
 def _check_storage(storage: Path) -> None:

@@ -1,10 +1,13 @@
 """The layout of a run directory (`<storage_path>/<run_name>/`), without heavy imports.
 
 checkpoint-step-00000040/   sharded checkpoints Ray Train knows about (NO_UPLOAD reports)
+checkpoint-step-00000040-1/ step 40 saved again (after falling back past a corrupt checkpoint, or
+                            over an attempt's unreported leftover): a path is never reported twice
 checkpoint_manager_snapshot.json   Ray Train's record of them (what a restart resumes from)
 metrics.jsonl               rank 0's progress records, appended across attempts
 result.json                 `RunResult`, written by rank 0 when the run has finished (lifecycle.py)
 export/                     the Hugging Face export (never a reported checkpoint)
+.watchdog/rank-N.json       each rank's step and phase, for naming a stuck rank (watchdog.py)
 summary.json, loss_curve.png   written by `llmtrain run`
 
 The export directory's name is shared with the renderer: llmtrain.constants.EXPORT_DIR.
@@ -29,14 +32,28 @@ SUMMARY_FILE = "summary.json"
 LOSS_CURVE_FILE = "loss_curve.png"
 
 
-def checkpoint_name(step: int) -> str:
-    return f"{CHECKPOINT_PREFIX}{step:08d}"
+def checkpoint_name(step: int, copy: int = 0) -> str:
+    """`checkpoint-step-N`, or `checkpoint-step-N-K` for the K-th later save of the same step."""
+    name = f"{CHECKPOINT_PREFIX}{step:08d}"
+    return f"{name}-{copy}" if copy else name
+
+
+def checkpoint_order(path: Path) -> tuple[int, int]:
+    """(step, copy) of a checkpoint directory: a later save of a step sorts after the earlier ones
+    (names alone would put `-10` before `-9`); an unparsable name sorts first."""
+    step, _, copy = path.name.removeprefix(CHECKPOINT_PREFIX).partition("-")
+    try:
+        return int(step), int(copy or 0)
+    except ValueError:
+        return -1, -1
 
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
     """Checkpoint directories whose state file was written (the last file of a save), newest first."""
     return sorted(
-        (p for p in run_dir.glob(f"{CHECKPOINT_PREFIX}*") if (p / STATE_FILE).exists()), reverse=True
+        (p for p in run_dir.glob(f"{CHECKPOINT_PREFIX}*") if (p / STATE_FILE).exists()),
+        key=checkpoint_order,
+        reverse=True,
     )
 
 

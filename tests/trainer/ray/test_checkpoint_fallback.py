@@ -49,3 +49,38 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(ray_address:
     second = losses(config)
     for step in range(EVERY + 1, STEPS + 1):
         assert second[step] == pytest.approx(first[step], abs=LOSS_TOLERANCE), step
+
+
+def test_training_on_past_a_skipped_checkpoint_keeps_the_run_restartable(
+    ray_address: str, storage: Path
+) -> None:
+    """After the fallback, step 10 is saved again and `keep + 1` more checkpoints follow, so Ray
+    Train retires both the corrupt step-10 entry and the new one; a restarted driver (a RayJob
+    retry) then resumes the newest. Re-saving into the reported directory made Ray delete the new
+    files with the old entry and fail the controller on the missing path."""
+    keep, every = 2, 5
+    config = tiny_config(
+        storage,
+        "refallback",
+        training={"maxSteps": 2 * every},
+        checkpoint={"everySteps": every, "keep": keep},
+    )
+    run_training(config, LoopOptions(log_lines=False))
+    corrupt = run_dir(config) / checkpoint_name(2 * every)
+    shard = sorted(corrupt.glob("*.distcp"))[0]
+    with shard.open("r+b") as file:
+        file.truncate(shard.stat().st_size // 2)
+
+    longer = (2 + keep + 1) * every
+    config = config.model_copy(update={"training": config.training.model_copy(update={"max_steps": longer})})
+    run_training(config, LoopOptions(log_lines=False))
+    assert result(config)["resumed_from_step"] == every
+
+    final = longer + every
+    config = config.model_copy(update={"training": config.training.model_copy(update={"max_steps": final})})
+    run_training(config, LoopOptions(log_lines=False))  # a new driver: Ray Train reads its snapshot
+
+    done = result(config)
+    assert done["finished"] and done["steps"] == final and done["resumed_from_step"] == longer
+    kept = sorted(p.name for p in run_dir(config).glob("checkpoint-step-*"))
+    assert kept == [checkpoint_name(longer), checkpoint_name(final)]

@@ -33,8 +33,10 @@ CASES: dict[str, dict[str, Any]] = {
     },
     "ddp": {"strategy": {"type": "ddp"}, "dataset": {"validationSplit": 0.1}},
     # HSDP: 2 replicas of 2 shards on 4 workers, micro-batch 4: the same 16 sequences per step.
+    # A step timeout under the collective one: the mesh's groups are lowered after a barrier.
     "hsdp": {
         "strategy": {"type": "fsdp", "fsdp": {"hybridShardSize": 2}},
+        "network": {"stepTimeoutSeconds": 240},
         "scaling": {"numWorkers": 4, "cpusPerWorker": 0.5},
         "training": {"microBatchSize": 4},
     },

@@ -37,8 +37,8 @@ def test_a_durable_write_is_synced_and_a_failed_one_keeps_the_old_file(
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith("state.json")] == ["state.json"]
 
 
-def _checkpoint(run_dir: Path, step: int, world_size: int = 1) -> Path:
-    directory = run_dir / checkpoint_name(step)
+def _checkpoint(run_dir: Path, step: int, world_size: int = 1, copy: int = 0) -> Path:
+    directory = run_dir / checkpoint_name(step, copy)
     (directory / checkpoint.RNG_DIR).mkdir(parents=True)
     torch.save(checkpoint._rng_state(), directory / checkpoint.RNG_DIR / "rank-0.pt")
     state = checkpoint.TrainerState(step=step, world_size=world_size)
@@ -154,3 +154,32 @@ def test_a_directory_that_refuses_fsync_still_gets_the_file(
     target = tmp_path / "state.json"
     write_durably(target, lambda file: file.write(b"new"))
     assert target.read_bytes() == b"new"
+
+
+@pytest.mark.usefixtures("one_process_group")
+def test_saving_a_step_again_never_reuses_its_directory(tmp_path: Path) -> None:
+    """After a fallback past a corrupt checkpoint-step-30 (still registered with Ray Train), step 30
+    is saved again: into a new directory, leaving the registered one for Ray to retire."""
+    run_dir = tmp_path / "run"
+    registered = _checkpoint(run_dir, 30)
+    again = checkpoint.prepare(run_dir, 30, ENV)
+    assert again == run_dir / checkpoint_name(30, 1) and not any(again.iterdir())
+    assert (registered / STATE_FILE).exists()
+    assert checkpoint.prepare(run_dir, 30, ENV) == run_dir / checkpoint_name(30, 2)
+    assert checkpoint.prepare(run_dir, 40, ENV) == run_dir / checkpoint_name(40)
+
+
+@pytest.mark.usefixtures("one_process_group")
+def test_a_later_save_of_a_step_is_the_newer_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = tmp_path / "run"
+    for copy in (0, 9, 10):
+        _checkpoint(run_dir, 30, copy=copy)
+    older = _checkpoint(run_dir, 20)
+    names = [p.name for p in complete_checkpoints(run_dir)]
+    assert names == [checkpoint_name(30, 10), checkpoint_name(30, 9), checkpoint_name(30), older.name]
+    _latest_is(monkeypatch, run_dir / checkpoint_name(30, 10))
+    strategy = RecordingStrategy(broken={checkpoint_name(30, 10)})
+    restored = _restore(strategy, run_dir)
+    assert restored is not None and strategy.loaded == [checkpoint_name(30, 10), checkpoint_name(30, 9)]

@@ -68,3 +68,27 @@ def test_a_scaled_step_unscales_before_clipping_and_skips_an_overflow(tmp_path: 
     assert torch.equal(strategy.model.weight.detach(), before)  # the overflowed step is skipped
     assert strategy.scaler.get_scale() == scale / 2
     assert all(p.grad is None for p in strategy.model.parameters())
+
+
+@pytest.mark.usefixtures("one_process_group")
+def test_the_loss_scale_survives_a_checkpoint(tmp_path: Path) -> None:
+    """A resumed fp16 run keeps its backed-off scale: restarting at 2**16 would skip its first
+    steps as overflows while the LR schedule advances."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    saved = _OneProcess(tmp_path, max_grad_norm=1.0)
+    saved._options = StateDictOptions()
+    assert saved.scaler is not None
+    for _ in range(3):  # three overflows: the scale backs off to 2**13
+        saved._backward(saved.model(torch.ones(1, 4)).sum() * float("inf"), last_micro_batch=True)
+        saved.step()
+    scale = saved.scaler.get_scale()
+    assert scale == 2.0**13
+    saved.save(tmp_path / "checkpoint")
+
+    resumed = _OneProcess(tmp_path, max_grad_norm=1.0)
+    resumed._options = StateDictOptions()
+    assert resumed.scaler is not None and resumed.scaler.get_scale() == 2.0**16
+    resumed.load(tmp_path / "checkpoint")
+    assert resumed.scaler.get_scale() == scale
+    assert resumed.scaler.state_dict() == saved.scaler.state_dict()

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 import pytest
 import torch
 from llmtrain.api.spec import MethodSpec, ModelSpec, TrainingSpec
+from llmtrain_trainer.checkpoint import TrainerState
 from llmtrain_trainer.model import apply_lora, build_from_config, model_config
-from llmtrain_trainer.optim import build_optimizer, lr_factor
+from llmtrain_trainer.modes.builtin import resumed_schedule, total_steps
+from llmtrain_trainer.optim import build_optimizer, build_scheduler, lr_factor, rebase_scheduler
 from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
 
-from tests.support.trainer import TINY_LLAMA
+from tests.support.trainer import TINY_LLAMA, tiny_config
 
 TRAINING = TrainingSpec(weight_decay=0.1)
 
@@ -95,3 +99,48 @@ def test_warmup_then_cosine_linear_constant() -> None:
     assert all(a >= b for a, b in itertools.pairwise(cosine[10:]))
     assert lr_factor(60, warmup=10, total=110, kind="linear") == pytest.approx(0.5)
     assert lr_factor(100, warmup=10, total=110, kind="constant") == 1.0
+
+
+def _schedule(training: TrainingSpec, total: int) -> tuple[torch.optim.Optimizer, LambdaLR]:
+    optimizer = torch.optim.SGD(nn.Linear(2, 1).parameters(), lr=1.0)
+    return optimizer, build_scheduler(optimizer, training, total)
+
+
+def test_an_epochs_schedule_resumed_on_another_worker_count_continues_where_it_was(tmp_path: Path) -> None:
+    """Two workers take 12 steps for 2 epochs of 96 sequences, one worker 24. Halfway (step 6 on
+    two workers), a resume on one worker continues the schedule at its 12th step, not its 6th,
+    and ends with the data, where the schedule ends."""
+    training = {"maxSteps": None, "epochs": 2, "microBatchSize": 8, "warmupRatio": 0.25}
+    config = tiny_config(tmp_path, "epochs", training=training)
+    sequences = 96
+    optimizer, scheduler = _schedule(config.training, total_steps(config, sequences, 2))
+    for _ in range(6):
+        optimizer.step()
+        scheduler.step()
+    next_lr = optimizer.param_groups[0]["lr"]
+    state = TrainerState(step=6, samples_seen=6 * 16, world_size=2)
+
+    end, shift = resumed_schedule(config, sequences, 1, state)
+    assert (end, shift) == (18, 6.0)
+    one_total = total_steps(config, sequences, 1)
+    resumed, resumed_scheduler = _schedule(config.training, one_total)
+    resumed.load_state_dict(optimizer.state_dict())
+    resumed_scheduler.load_state_dict(scheduler.state_dict())
+    rebase_scheduler(resumed_scheduler, config.training, one_total, shift)
+    assert resumed.param_groups[0]["lr"] == pytest.approx(next_lr) == pytest.approx(0.75)
+    rates = []
+    for _ in range(state.step, end):
+        rates.append(resumed.param_groups[0]["lr"])
+        resumed.step()
+        resumed_scheduler.step()
+    assert rates == sorted(rates, reverse=True) and rates[-1] == pytest.approx(
+        lr_factor(23, warmup=6, total=24, kind="cosine")
+    )
+    assert resumed.param_groups[0]["lr"] == pytest.approx(0.0)
+
+    # A checkpoint written before samples were counted: its steps were taken on its own count.
+    assert resumed_schedule(config, sequences, 1, TrainerState(step=6, world_size=2)) == (18, 6.0)
+    # The same worker count, or a maxSteps run: steps and schedule stand.
+    assert resumed_schedule(config, sequences, 2, state) == (12, 0.0)
+    fixed = tiny_config(tmp_path, "steps", training={"maxSteps": 30})
+    assert resumed_schedule(fixed, sequences, 1, state) == (30, 0.0)

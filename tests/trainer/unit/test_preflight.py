@@ -130,3 +130,32 @@ def test_entrypoint_exits_2_without_starting_ray(tmp_path: Path) -> None:
     lines = process.stderr.strip().splitlines()
     assert lines == [f"llmtrain-trainer: error: dataset.path '{tmp_path / 'no-such-data'}' does not exist"]
     assert "Ray" not in process.stdout
+
+
+@pytest.mark.parametrize(
+    ("strategy", "warned"),
+    [
+        ({"type": "fsdp"}, "fp32 full state dict, about 4.0 GiB"),
+        ({"type": "deepspeed"}, "16-bit consolidated state dict, about 2.0 GiB"),
+        ({"type": "deepspeed", "deepspeed": {"zeroStage": 2}}, None),
+        ({"type": "ddp"}, None),
+    ],
+)
+def test_a_huggingface_export_that_gathers_the_model_on_rank_zero_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, strategy: dict[str, Any], warned: str | None
+) -> None:
+    from llmtrain_trainer import preflight
+
+    config = tiny_config(
+        tmp_path, "hf", trainer={"type": "huggingface"}, strategy=strategy, checkpoint={"export": True}
+    )
+    preflight._check_export(config, 2**30)
+    found = [r.message for r in caplog.records if "gathers the whole model on rank 0" in r.message]
+    if warned is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and warned in found[0] and "trainer.type builtin streams" in found[0]
+    builtin = tiny_config(tmp_path, "builtin", strategy=strategy, checkpoint={"export": True})
+    caplog.clear()
+    preflight._check_export(builtin, 2**30)
+    assert not caplog.records

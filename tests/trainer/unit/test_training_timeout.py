@@ -53,3 +53,65 @@ def test_the_group_takes_the_step_timeout_once_training_runs(
     assert _group_timeout() == timedelta(seconds=START_UP)
     assert apply_training_timeout(config) is (expected < START_UP)
     assert _group_timeout() == timedelta(seconds=expected)
+
+
+MESH_START_UP = 900  # neither gloo's default (30 min) nor NCCL's (10 min)
+SLOW_FIRST_STEP = 2.0
+
+
+def _timeout_of(group: dist.ProcessGroup) -> float:
+    timeout: timedelta = group._get_backend(torch.device("cpu")).options._timeout  # type: ignore[attr-defined]
+    return timeout.total_seconds()
+
+
+def _hsdp_rank(rank: int, tmp_path: Path) -> None:
+    """One of two gloo processes: an HSDP mesh (2 replicas of 1 shard), then the step timeout."""
+    import json
+    import time
+
+    from llmtrain.api.spec import FsdpSpec
+    from llmtrain_trainer.distributed import WorkerEnv
+    from llmtrain_trainer.strategies.fsdp import device_mesh
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{tmp_path / 'rendezvous'}",
+        rank=rank,
+        world_size=2,
+        timeout=timedelta(seconds=MESH_START_UP),
+    )
+    try:
+        env = WorkerEnv(rank=rank, world_size=2, local_rank=rank, device=torch.device("cpu"))
+        mesh = device_mesh(env, FsdpSpec(hybrid_shard_size=1), MESH_START_UP)
+        groups = mesh.get_all_groups()
+        start_up = [_timeout_of(group) for group in groups]
+        config = tiny_config(
+            tmp_path, "hsdp", collectiveTimeoutSeconds=MESH_START_UP, network={"stepTimeoutSeconds": 300}
+        )
+        if rank == 1:
+            time.sleep(SLOW_FIRST_STEP)  # still compiling its first step
+        began = time.monotonic()
+        assert apply_training_timeout(config, groups)
+        waited = time.monotonic() - began
+        training = [_timeout_of(group) for group in groups]
+        (tmp_path / f"rank-{rank}.json").write_text(
+            json.dumps({"start_up": start_up, "training": training, "waited": waited})
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def test_hsdp_mesh_groups_take_the_timeouts_after_every_rank_is_past_the_first_step(tmp_path: Path) -> None:
+    """The mesh's groups are created with the backend's default timeout (NCCL's 10 minutes); they
+    take collectiveTimeoutSeconds at start-up and stepTimeoutSeconds once training runs, and no
+    rank lowers its timeout while another is still in its first step."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    mp.spawn(_hsdp_rank, args=(tmp_path,), nprocs=2, join=True)
+    ranks = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in range(2)]
+    for rank in ranks:
+        assert rank["start_up"] == [MESH_START_UP, MESH_START_UP]
+        assert rank["training"] == [300, 300]
+    assert ranks[0]["waited"] >= SLOW_FIRST_STEP * 0.75, "rank 0 lowered its timeout before rank 1 was ready"

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 import pytest
-from llmtrain_trainer.watchdog import Stall, StallReporter, StepWatchdog, stall_threshold_seconds
+from llmtrain_trainer.watchdog import (
+    WATCHDOG_DIR,
+    Stall,
+    StallReporter,
+    StepWatchdog,
+    stall_threshold_seconds,
+)
 
 
 class RecordingSink:
@@ -122,3 +129,93 @@ def test_the_threshold_follows_the_timeout_in_effect() -> None:
     assert watchdog.check() is None
     watchdog.set_timeout(600)  # network.stepTimeoutSeconds applied after the first step
     assert watchdog.check() == Stall(rank=0, last_step=1, seconds=300, timeout_seconds=600)
+
+
+def test_a_checkpoint_however_long_is_not_a_stall() -> None:
+    clock = FakeClock()
+    watchdog = StepWatchdog(0, 300, StallReporter(lambda: None), clock=clock)
+    watchdog.beat(40)
+    with watchdog.paused():
+        clock.now += 10 * 300  # a synchronous save of ~850 GB
+        assert watchdog.check() is None
+    clock.now += 99
+    assert watchdog.check() is None, "the clock restarts after the pause"
+    clock.now += 2
+    stall = watchdog.check()
+    assert stall is not None and stall.last_step == 40
+
+
+def _ranks(board: Path, clock: FakeClock, world_size: int) -> list[StepWatchdog]:
+    return [
+        StepWatchdog(rank, 300, StallReporter(lambda: None), clock=clock, board=board, world_size=world_size)
+        for rank in range(world_size)
+    ]
+
+
+def test_the_report_names_the_rank_the_others_wait_for(tmp_path: Path) -> None:
+    """Rank 2 hangs loading step 8's data; ranks 0, 1 and 3 wait in step 8's collectives. All four
+    stall; rank 0's report (the status) names rank 2, whatever rank 0 itself was doing."""
+    clock, board = FakeClock(), tmp_path / WATCHDOG_DIR
+    (board).mkdir()
+    (board / "rank-5.json").write_text('{"rank": 5, "step": 1, "phase": "outside collectives"}')  # stale
+    ranks = _ranks(board, clock, 4)
+    for watchdog in ranks:
+        watchdog.beat(7)
+        if watchdog.rank != 2:
+            watchdog.entering_collectives()
+        watchdog.publish()
+    clock.now += 101
+
+    stall = ranks[0].check()
+    assert stall is not None and stall.rank == 0
+    assert "stuck: rank 2 (at step 7, outside collectives" in stall.message
+    assert "rank 0 (" not in stall.message and "rank 5" not in stall.message
+
+
+def test_a_rank_behind_the_others_is_named_and_a_network_hang_is_said_to_be_one(tmp_path: Path) -> None:
+    clock, board = FakeClock(), tmp_path / WATCHDOG_DIR
+    ranks = _ranks(board, clock, 2)
+    ranks[0].beat(8)
+    ranks[1].beat(7)
+    for watchdog in ranks:
+        watchdog.entering_collectives()
+        watchdog.publish()
+    clock.now += 101
+    stall = ranks[0].check()
+    assert stall is not None and "stuck: rank 1 (behind, at step 7" in stall.message
+
+    ranks[1].beat(8)
+    ranks[0].beat(8)
+    for watchdog in ranks:
+        watchdog.entering_collectives()
+        watchdog.publish()
+    clock.now += 101
+    stall = ranks[0].check()
+    assert stall is not None and "every rank waits inside the step's collectives" in stall.message
+
+
+def test_only_rank_zero_writes_the_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rank stalls in a hang: one writer, which names the stuck rank, not the last to patch."""
+    import ray.train
+    import torch
+    from llmtrain_trainer import kube_progress
+    from llmtrain_trainer.distributed import WorkerEnv
+    from llmtrain_trainer.lifecycle import Lifecycle, LoopOptions
+    from llmtrain_trainer.modes import builtin
+
+    from tests.support.trainer import tiny_config
+
+    sinks: list[RecordingSink] = []
+    monkeypatch.setattr(
+        kube_progress, "kubernetes_sink", lambda config: sinks.append(RecordingSink()) or sinks[-1]
+    )
+    monkeypatch.setattr(ray.train, "get_checkpoint", lambda: None)  # a fresh run, outside Ray Train
+    config = tiny_config(tmp_path, "watchdog", progress={"reportToKubernetes": True})
+    for rank in (1, 0):
+        env = WorkerEnv(rank=rank, world_size=2, local_rank=rank, device=torch.device("cpu"))
+        life = Lifecycle(config, env, tmp_path / "run", LoopOptions(log_lines=False), builtin.MODE)
+        watchdog = builtin.TrainingRun(config, env, tmp_path / "run", life)._watchdog()
+        assert watchdog.board == tmp_path / "run" / WATCHDOG_DIR and watchdog.world_size == 2
+        watchdog.reporter.stalled(Stall(rank, 3, 700.0, 1800.0))
+        assert len(sinks) == (0 if rank == 1 else 1), rank
+    assert sinks[0].errors and sinks[0].errors[0] is not None and sinks[0].errors[0].startswith("rank 0:")

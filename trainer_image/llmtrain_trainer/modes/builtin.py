@@ -9,6 +9,7 @@ strategy step, a checkpoint, a report to Ray Train) is reached by all ranks in t
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from pathlib import Path
@@ -34,10 +35,11 @@ from llmtrain_trainer.loss import token_loss_sum, trained_tokens
 from llmtrain_trainer.metrics import BatchCounts, MetricsRecord, batch_counts
 from llmtrain_trainer.model import TrainingFlops, count_parameters, model_config, training_flops
 from llmtrain_trainer.modes import Refusal
+from llmtrain_trainer.optim import rebase_scheduler
 from llmtrain_trainer.strategies import make_strategy
 from llmtrain_trainer.strategies.base import Strategy
 from llmtrain_trainer.tokenizer import load_tokenizer
-from llmtrain_trainer.watchdog import ErrorSink, StallReporter, StepWatchdog
+from llmtrain_trainer.watchdog import WATCHDOG_DIR, ErrorSink, StallReporter, StepWatchdog
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +62,34 @@ class BuiltinMode:
 MODE = BuiltinMode()
 
 
+def samples_per_step(config: TrainerConfig, world_size: int) -> int:
+    return config.training.micro_batch_size * config.training.gradient_accumulation_steps * world_size
+
+
 def total_steps(config: TrainerConfig, num_sequences: int, world_size: int) -> int:
     """training.maxSteps, or the optimizer steps in training.epochs passes over the data."""
     if config.training.max_steps is not None:
         return config.training.max_steps
-    per_step = config.training.micro_batch_size * config.training.gradient_accumulation_steps * world_size
-    return max(1, config.training.epochs * (num_sequences // per_step))
+    return max(1, config.training.epochs * (num_sequences // samples_per_step(config, world_size)))
+
+
+def resumed_schedule(
+    config: TrainerConfig, num_sequences: int, world_size: int, state: checkpoint.TrainerState
+) -> tuple[int, float]:
+    """(the step this attempt ends at, the schedule's shift) for a run resumed at `state`.
+
+    An epochs-based run is as long as its data, so its step count depends on the worker count.
+    Resumed on another count, it continues the schedule a run on this count has, at the point its
+    samples seen give (`optim.rebase_scheduler`), and takes the steps left at this count. A maxSteps
+    run, and a run resumed on its own worker count, keep their steps and schedule (shift 0).
+    """
+    total = total_steps(config, num_sequences, world_size)
+    if config.training.max_steps is not None or state.step == 0:
+        return total, 0.0
+    # A checkpoint written before samples were counted: its steps were all taken on its own count.
+    samples = state.samples_seen or state.step * samples_per_step(config, state.world_size)
+    equivalent = samples / samples_per_step(config, world_size)
+    return state.step + max(0, math.ceil(total - equivalent - 1e-9)), equivalent - state.step
 
 
 def next_step_batches(
@@ -102,12 +126,24 @@ class TrainingRun:
         tokenizer = load_tokenizer(config.model)
         with rank_zero_first(env):
             data = build_sequences(config.dataset, tokenizer, config.training.seed)
-        self.total = life.total_steps = total_steps(config, len(data.train), env.world_size)
+        schedule_steps = total_steps(config, len(data.train), env.world_size)
         point = life.resume
         strategy = make_strategy(
-            config, env, self.total, initial_weights=point.checkpoint is None and point.seed is None
+            config, env, schedule_steps, initial_weights=point.checkpoint is None and point.seed is None
         )
         state, skipped = self._restore(strategy)
+        self.total, shift = resumed_schedule(config, len(data.train), env.world_size, state)
+        life.total_steps = self.total
+        if shift:
+            rebase_scheduler(strategy.scheduler, config.training, schedule_steps, shift)
+            if env.is_main:
+                log.info(
+                    "resumed on %d workers (checkpoint: %d): the schedule continues at step %.1f of %d",
+                    env.world_size,
+                    state.world_size,
+                    state.step + shift,
+                    schedule_steps,
+                )
         life.stamp(state)
         n_params, n_trainable = count_parameters(strategy.model)
         life.announce(
@@ -170,13 +206,20 @@ class TrainingRun:
         config = self.config
 
         def open_sink() -> ErrorSink | None:
-            if not config.progress.report_to_kubernetes:
+            # Rank 0 alone writes the status: it names the stuck rank from every rank's phase.
+            if not config.progress.report_to_kubernetes or not self.env.is_main:
                 return None
             from llmtrain_trainer.kube_progress import kubernetes_sink
 
             return kubernetes_sink(config)
 
-        return StepWatchdog(self.env.rank, config.collective_timeout_seconds, StallReporter(open_sink))
+        return StepWatchdog(
+            self.env.rank,
+            config.collective_timeout_seconds,
+            StallReporter(open_sink),
+            board=self.run_dir / WATCHDOG_DIR,
+            world_size=self.env.world_size,
+        )
 
     def _steps(
         self,
@@ -201,6 +244,7 @@ class TrainingRun:
             micro_batches, step_counts = next_step_batches(
                 batches, training.gradient_accumulation_steps, env.device
             )
+            watchdog.entering_collectives()
             if fixed_local_tokens is not None:
                 step_trained = fixed_local_tokens * env.world_size
             else:
@@ -216,9 +260,10 @@ class TrainingRun:
             counts[1] += step_counts.attended_pairs
             grad_norm = strategy.step()
             state.step += 1
+            state.samples_seen += samples_per_step(config, env.world_size)
             state.data = batches.position
             watchdog.beat(state.step)
-            if state.step == first_step + 1 and apply_training_timeout(config):
+            if state.step == first_step + 1 and apply_training_timeout(config, strategy.process_groups()):
                 watchdog.set_timeout(training_timeout_seconds(config))
                 if env.is_main:
                     log.info("collective timeout now %ds (network.stepTimeoutSeconds)", watchdog.timeout)
@@ -238,10 +283,9 @@ class TrainingRun:
                 losses.zero_()
             if state.step % config.checkpoint.every_steps == 0 or (last and life.options.checkpoint_at_end):
                 self._flush_counts(counts, state, flops)  # tokens_seen goes in the checkpoint
-                with life.paused() as started:
+                with life.paused() as started, watchdog.paused():
                     self._checkpoint(strategy, state, data, pad_id, started)
-                    watchdog.beat(state.step)
-        with life.paused():
+        with life.paused(), watchdog.paused():
             life.complete_pending()
 
     def _flush_counts(

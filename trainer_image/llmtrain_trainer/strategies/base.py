@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
 
 from llmtrain_trainer.distributed import WorkerEnv
 from llmtrain_trainer.loss import token_loss_sum
@@ -62,6 +64,8 @@ class Strategy(abc.ABC):
     name: str
     model: nn.Module
     """The module to call for forward passes (wrapped as the strategy needs)."""
+    scheduler: LRScheduler
+    """The LR schedule (`optim.build_scheduler`), stepped once per optimizer step."""
     reshardable_checkpoints = True
     """Whether `load` accepts a checkpoint written by a different number of workers."""
 
@@ -76,6 +80,11 @@ class Strategy(abc.ABC):
         self.dtype = compute_dtype(config.training.precision, env)
         self.lora = config.method.type == "lora"
         self.initial_weights = initial_weights or self.lora
+
+    def process_groups(self) -> list[dist.ProcessGroup]:
+        """The strategy's own process groups besides the default one (an HSDP mesh's), whose
+        timeout follows the default group's."""
+        return []
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Logits for a micro-batch already on the device.

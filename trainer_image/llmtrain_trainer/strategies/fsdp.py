@@ -30,7 +30,7 @@ from torch.distributed.fsdp import (
 )
 
 from llmtrain_trainer import model as models
-from llmtrain_trainer.distributed import WorkerEnv
+from llmtrain_trainer.distributed import WorkerEnv, set_group_timeouts
 from llmtrain_trainer.optim import build_optimizer, build_scheduler
 from llmtrain_trainer.strategies.torch_native import TorchNativeStrategy, loss_scaler
 from llmtrain_trainer.weights import fetch_weights, has_safetensors
@@ -61,7 +61,8 @@ class FsdpStrategy(TorchNativeStrategy):
             models.compile_blocks(model)
         buffers = {name: buf.detach().clone() for name, buf in model.named_buffers(remove_duplicate=False)}
 
-        self.sharded = shard(model, env, spec, self.dtype)
+        self.mesh = device_mesh(env, spec, config.collective_timeout_seconds)
+        self.sharded = shard(model, env, spec, self.dtype, self.mesh)
         model.to_empty(device=parameter_device(spec.cpu_offload, env.device))
         _restore_buffers(model, buffers, env.device)
         if self.initial_weights:
@@ -75,6 +76,9 @@ class FsdpStrategy(TorchNativeStrategy):
         self._options = StateDictOptions(ignore_frozen_params=self.lora, strict=not self.lora)
 
     # -------------------------------------------------------------------------- initial weights
+
+    def process_groups(self) -> list[dist.ProcessGroup]:
+        return self.mesh.get_all_groups()
 
     def _load_initial_weights(self, model: nn.Module, hf_config: Any) -> None:
         spec = self.config.model
@@ -147,14 +151,15 @@ class FsdpStrategy(TorchNativeStrategy):
         self._scaled_backward(loss)
 
 
-def shard(model: nn.Module, env: WorkerEnv, spec: FsdpSpec, dtype: torch.dtype) -> list[FSDPModule]:
+def shard(
+    model: nn.Module, env: WorkerEnv, spec: FsdpSpec, dtype: torch.dtype, mesh: DeviceMesh
+) -> list[FSDPModule]:
     """`fully_shard` every transformer block, then the root, on an explicit device mesh.
 
     The mesh is built for the worker's own device type: FSDP2's default mesh picks CUDA whenever it
     is visible, which crashes a gloo (CPU) process group. On gloo, reductions are forced to SUM then
     divided, because gloo's AVG gives wrong gradients (pytorch#162338).
     """
-    mesh = device_mesh(env, spec)
     mixed = (
         MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         if dtype != torch.float32
@@ -181,10 +186,14 @@ def shard(model: nn.Module, env: WorkerEnv, spec: FsdpSpec, dtype: torch.dtype) 
     return sharded
 
 
-def device_mesh(env: WorkerEnv, spec: FsdpSpec) -> DeviceMesh:
+def device_mesh(env: WorkerEnv, spec: FsdpSpec, timeout_seconds: int) -> DeviceMesh:
     """1-D (shard over every process), or 2-D for HSDP: ranks [g*size, (g+1)*size) form shard
     group g, so with size = GPUs per node the shard groups are the nodes (Ray Train numbers ranks
-    node by node) and the replicate dimension crosses them."""
+    node by node) and the replicate dimension crosses them.
+
+    The mesh's own groups (HSDP's) are created with the backend's default timeout (NCCL's 10
+    minutes): they take the process group's, `timeout_seconds` (collectiveTimeoutSeconds), and
+    later the step timeout with it (`distributed.apply_training_timeout`)."""
     size = spec.hybrid_shard_size
     if size is None or size == env.world_size:
         return init_device_mesh(env.device.type, (env.world_size,))
@@ -192,9 +201,11 @@ def device_mesh(env: WorkerEnv, spec: FsdpSpec) -> DeviceMesh:
         raise ValueError(
             f"strategy.fsdp.hybridShardSize {size} does not divide the {env.world_size} training processes"
         )
-    return init_device_mesh(
+    mesh = init_device_mesh(
         env.device.type, (env.world_size // size, size), mesh_dim_names=("replicate", "shard")
     )
+    set_group_timeouts(timeout_seconds, mesh.get_all_groups(), default_group=False)
+    return mesh
 
 
 def parameter_device(cpu_offload: bool, device: torch.device) -> torch.device:

@@ -71,7 +71,13 @@ class TorchNativeStrategy(Strategy):
 
     def save(self, directory: Path) -> None:
         save_training_state(
-            self.model, self.optimizer, self.scheduler, directory, self.env.is_main, self._options
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            directory,
+            self.env.is_main,
+            self._options,
+            self.scaler,
         )
 
     def start_save(self, directory: Path) -> Future[Any]:
@@ -87,13 +93,16 @@ class TorchNativeStrategy(Strategy):
             self.env.is_main,
             self._options,
             self._save_group,
+            self.scaler,
         )
 
     def load(self, directory: Path, weights_only: bool = False) -> None:
         if weights_only:
             load_model_state(self.model, directory, self._options)
         else:
-            load_training_state(self.model, self.optimizer, self.scheduler, directory, self._options)
+            load_training_state(
+                self.model, self.optimizer, self.scheduler, directory, self._options, self.scaler
+            )
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         return gather_full_state(self.model, self.env.is_main)
