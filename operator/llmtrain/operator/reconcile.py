@@ -35,9 +35,11 @@ from llmtrain.operator.reporting import JOB_RESOURCE, job_key, report
 from llmtrain.operator.serial import JOB_LOCKS
 from llmtrain.operator.status import (
     AUTH_UNSUPPORTED,
+    KUEUE_DEACTIVATED,
     Failure,
     Refused,
     Step,
+    Waiting,
     finished,
     startup_failed,
     was_invalid,
@@ -112,7 +114,7 @@ def _reconcile(
         return
     except AuthDropped as exc:
         if KUEUE_QUEUE_LABEL in (exc.rayjob["metadata"].get("labels") or {}):
-            _sync_workload(kube, exc.rayjob, active=False, logger=logger)
+            _sync_workload(kube, body, exc.rayjob, active=False, logger=logger, retry=retry)
         _fail(kube, body, AUTH_UNSUPPORTED, str(exc))
         return
     except ApiError as err:
@@ -128,7 +130,15 @@ def _reconcile(
         _fail(kube, body, "CreateFailed", f"cannot create the job's objects: {err}")
         return
     if KUEUE_QUEUE_LABEL in (result.rayjob["metadata"].get("labels") or {}):
-        _sync_workload(kube, result.rayjob, active=not job.spec.run_policy.suspend, logger=logger)
+        left = _sync_workload(
+            kube, body, result.rayjob, active=not job.spec.run_policy.suspend, logger=logger, retry=retry
+        )
+        if left is not None and left.by_kueue:
+            # Kueue's verdict (maximum execution time, requeuing limit) ends the job.
+            _fail(kube, body, KUEUE_DEACTIVATED, left.describe())
+            return
+        if left is not None:
+            logger.warning(left.describe())
     if result.created:
         logger.info(f"created {', '.join(result.created)}")
     if result.adopted:
@@ -242,16 +252,37 @@ def _fail(kube: Kube, job: Mapping[str, Any], reason: str, message: str) -> None
     report(kube, job, None, Failure(reason, message))
 
 
-def _sync_workload(kube: Kube, rayjob: dict[str, Any], *, active: bool, logger: kopf.Logger) -> None:
-    """A queued job's runPolicy.suspend acts on its Kueue Workload (Kueue owns the RayJob's)."""
+def _sync_workload(
+    kube: Kube,
+    job: Mapping[str, Any],
+    rayjob: dict[str, Any],
+    *,
+    active: bool,
+    logger: kopf.Logger,
+    retry: int,
+) -> workload.Deactivation | None:
+    """A queued job's runPolicy.suspend acts on its Kueue Workload (Kueue owns the RayJob's); a
+    Workload someone else deactivated is left so, and returned. Without a Workload API to speak
+    (no Kueue, or an unknown version), the job says so and is looked at again with a growing delay."""
     try:
-        if workload.set_active(kube, rayjob, active):
-            logger.info(f"{'re-activated' if active else 'deactivated'} the Kueue Workload")
+        synced = workload.set_active(kube, rayjob, active)
     except workload.WorkloadNotYet as exc:
         raise kopf.TemporaryError(str(exc), delay=2) from exc
+    except workload.KueueUnavailable as exc:
+        ERRORS.labels(reason="KueueUnavailable").inc()
+        delay = _refusal_backoff(retry)
+        report(kube, job, None, Waiting(str(exc), delay))
+        raise kopf.TemporaryError(str(exc), delay=delay) from exc
     except ApiError as err:
         ERRORS.labels(reason=f"WorkloadHttp{err.status}").inc()
-        raise kopf.TemporaryError(f"Kueue Workload: {err}", delay=err.retry_after or 5) from err
+        if err.transient:
+            raise kopf.TemporaryError(f"Kueue Workload: {err}", delay=err.retry_after or 2) from err
+        delay = _refusal_backoff(retry)
+        report(kube, job, None, Waiting(f"cannot reach its Kueue Workload: {err}", delay))
+        raise kopf.TemporaryError(f"Kueue Workload: {err}", delay=delay) from err
+    if synced.changed:
+        logger.info(f"{'re-activated' if active else 'deactivated'} the Kueue Workload")
+    return synced.deactivation
 
 
 def _status_write_failed(what: str, err: ApiError) -> kopf.TemporaryError:

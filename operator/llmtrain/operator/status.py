@@ -267,11 +267,16 @@ def was_invalid(status: Mapping[str, Any]) -> bool:
 # The operator stopped the job's RayJob itself (it was stored without Ray authentication): the
 # RayJob's later states (Suspended, its cluster deleted) are not the job's.
 AUTH_UNSUPPORTED = "AuthUnsupported"
+# Kueue deactivated the job's Workload itself (maximum execution time, requeuing limit): the job
+# failed, whatever its RayJob does next (an administrator may still re-activate the Workload).
+KUEUE_DEACTIVATED = "KueueDeactivated"
+_STOPPED_REASONS = frozenset({AUTH_UNSUPPORTED, KUEUE_DEACTIVATED})
 
 
 def stopped_by_operator(status: Mapping[str, Any]) -> bool:
+    """Failed by the operator's verdict, not its RayJob's: the RayJob's later states are not the job's."""
     return any(
-        c.get("type") == "Failed" and c.get("status") == "True" and c.get("reason") == AUTH_UNSUPPORTED
+        c.get("type") == "Failed" and c.get("status") == "True" and c.get("reason") in _STOPPED_REASONS
         for c in status.get("conditions") or []
     )
 
@@ -306,6 +311,15 @@ class Refused:
 
 
 @dataclass(frozen=True)
+class Waiting:
+    """A queued job cannot reach Kueue (not installed, or an API version the operator does not
+    speak); looked at again after `delay` seconds."""
+
+    problem: str
+    delay: float
+
+
+@dataclass(frozen=True)
 class Failure:
     """A permanent failure the operator found: InvalidSpec, ChildConflict, CreateFailed or
     AuthUnsupported."""
@@ -314,7 +328,7 @@ class Failure:
     message: str
 
 
-Outcome = Step | Refused | Failure
+Outcome = Step | Refused | Waiting | Failure
 
 
 @dataclass(frozen=True)
@@ -386,6 +400,18 @@ def operator_status(
         first = not (isinstance(said, str) and outcome.error in said)  # one Warning per refusal
         return Report(
             update, Announcement("Warning", "CreateRefused", message), "write" if first else "phase"
+        )
+    if isinstance(outcome, Waiting):
+        message = f"waiting for Kueue (looked at again in {outcome.delay:.0f} s or sooner): {outcome.problem}"
+        said = status.get("message")
+        first = not (isinstance(said, str) and outcome.problem in said)  # one Warning per problem
+        update = {
+            "phase": status.get("phase") or "Pending",
+            "message": message,
+            "observedGeneration": generation,
+        }
+        return Report(
+            update, Announcement("Warning", "KueueUnavailable", message), "write" if first else "phase"
         )
     if outcome is Step.KEPT:
         return Report({"observedGeneration": generation})
