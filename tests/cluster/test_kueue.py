@@ -36,6 +36,7 @@ from tests.support.jobs import load_example
 LOCAL_QUEUE = "gpu-queue"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+MAX_EXEC_LABEL = "kueue.x-k8s.io/max-exec-time-seconds"
 # Held long enough for Kueue's and the operator's controllers to act on the state being checked.
 HOLD_SECONDS = 6
 
@@ -500,3 +501,53 @@ def test_a_queued_job_created_suspended_is_never_admitted_until_resumed(
         wait_admitted_on_gpus(cluster, namespace, "held")
         assert rayjob(cluster, namespace, "held")["metadata"]["labels"][QUEUE_LABEL] == LOCAL_QUEUE
         assert suspend_history(watch, "held", 0) == [True, False], writers(watch, "held", 0)
+
+
+def test_a_workload_kueue_deactivated_stays_inactive_and_fails_the_job(
+    cluster: Cluster, queue: Queue, operator: OperatorProcess, namespace: str
+) -> None:
+    """Kueue deactivates a Workload itself when its maximum execution time has passed (an
+    administrator set it with Kueue's `max-exec-time-seconds` label on the RayJob, read when the
+    Workload is made): it sets `spec.active: false` and evicts it with reason
+    `DeactivatedDueToMaximumExecutionTimeExceeded`. Before, the job then read "queued … waiting for
+    quota", and any reconcile (a label edit, an operator restart) set the Workload active again,
+    handing the job GPUs once more. Now the job fails naming Kueue's cause, and stays so."""
+    queue.apply(gpus=8)
+    doc = gpu_job("capped", namespace)
+    doc["spec"]["runPolicy"]["suspend"] = True  # held: its Workload is made only at the resume
+    apply_doc(cluster, doc)
+    wait_for(lambda: job_status(cluster, namespace, "capped").get("phase") == "Suspended", what="held")
+    cluster.kubectl("label", "rayjob", "capped", "-n", namespace, f"{MAX_EXEC_LABEL}=5")
+    _suspend(cluster, namespace, "capped", False)
+    wait_admitted_on_gpus(cluster, namespace, "capped")
+
+    def evicted_by_kueue() -> bool:
+        wl = workload(cluster, namespace, "capped")
+        reason = condition(wl, "Evicted").get("reason")
+        return not _active(cluster, namespace, "capped") and reason == (
+            "DeactivatedDueToMaximumExecutionTimeExceeded"
+        )
+
+    wait_for(evicted_by_kueue, what="Kueue deactivating the Workload past its maximum execution time")
+    status = wait_phase(cluster, namespace, "capped", "Failed")
+    assert "MaximumExecutionTimeExceeded" in status["message"], status
+    assert condition({"status": status}, "Failed").get("reason") == "KueueDeactivated", status
+
+    # A reconcile (a label edit) and an operator restart: the Workload stays inactive, nothing of the
+    # job runs again, and the job stays Failed.
+    cluster.kubectl("label", "llmtj", "capped", "-n", namespace, "touched=1")
+    wait_for(
+        lambda: (handled_labels(cluster, namespace, "capped") or {}).get("touched") == "1",
+        what="the operator handling the label edit",
+    )
+    operator.restart()
+
+    def stays_stopped() -> None:
+        assert not _active(cluster, namespace, "capped")
+        assert condition(workload(cluster, namespace, "capped"), "Admitted").get("status") != "True"
+        assert rayjob(cluster, namespace, "capped")["spec"].get("suspend") is True
+        assert not items(cluster, "pods", namespace, "llmtrain.dev/job=capped")
+        assert job_status(cluster, namespace, "capped").get("phase") == "Failed"
+
+    wait_for(lambda: stays_stopped() or True, what="the job's Ray cluster gone")
+    hold(stays_stopped, seconds=2 * HOLD_SECONDS)
