@@ -20,7 +20,7 @@ import pytest
 
 from tests.support.cluster import nodes
 from tests.support.cluster.cluster import Cluster
-from tests.support.cluster.kueue import kueue_queue_objects
+from tests.support.cluster.kueue import API, kueue_queue_objects
 from tests.support.cluster.steps import (
     OperatorProcess,
     Watch,
@@ -551,3 +551,43 @@ def test_a_workload_kueue_deactivated_stays_inactive_and_fails_the_job(
 
     wait_for(lambda: stays_stopped() or True, what="the job's Ray cluster gone")
     hold(stays_stopped, seconds=2 * HOLD_SECONDS)
+
+
+def test_a_jobs_workload_priority_class_and_topology_request_reach_kueues_workload(
+    cluster: Cluster, queue: Queue, namespace: str
+) -> None:
+    """runPolicy.workloadPriorityClass sets the Workload's priority from a Kueue WorkloadPriorityClass
+    (apart from the pods' PriorityClass), and resources.topology becomes the workers' podset
+    topology request, both read by the real Kueue from what the operator rendered."""
+    queue.apply(gpus=4)  # the worker needs 8: the Workload waits, as made
+    wpc = f"{namespace}-wpc"[:63]
+    cluster.apply(
+        [
+            {
+                "apiVersion": API,
+                "kind": "WorkloadPriorityClass",
+                "metadata": {"name": wpc},
+                "value": 4242,
+                "description": "a test's Kueue priority",
+            }
+        ]
+    )
+    try:
+        doc = gpu_job("ranked", namespace)
+        doc["spec"]["runPolicy"]["workloadPriorityClass"] = wpc
+        doc["spec"]["resources"]["topology"] = {"preferred": "kubernetes.io/hostname"}
+        apply_doc(cluster, doc)
+        wl = wait_for(lambda: workload(cluster, namespace, "ranked"), what="the job's Workload")
+        assert wl["spec"]["priority"] == 4242, wl["spec"]
+        assert wl["spec"]["priorityClassRef"]["name"] == wpc, wl["spec"]
+        assert wl["spec"]["priorityClassRef"]["group"] == "kueue.x-k8s.io", wl["spec"]
+        sets = {p["name"]: p for p in wl["spec"]["podSets"]}
+        workers = [p for name, p in sets.items() if name != "head" and name != "submitter"]
+        requests = [(p.get("topologyRequest") or {}) for p in workers]
+        assert [(r.get("preferred"), r.get("required")) for r in requests] == [
+            ("kubernetes.io/hostname", None)
+        ], sets
+        assert "topologyRequest" not in sets["head"], sets["head"]
+    finally:
+        cluster.kubectl("delete", "llmtj", "--all", "-n", namespace, "--wait=false")
+        cluster.kubectl("delete", "--ignore-not-found", "--wait=false", f"workloadpriorityclass/{wpc}")
