@@ -39,6 +39,10 @@ KUEUE_QUEUE_LABEL = f"{KUEUE_GROUP}/queue-name"
 # On a queued job's RayJob: its user asked to suspend it (runPolicy.suspend). Kueue owns the RayJob's
 # `suspend`, so the operator deactivates the job's Kueue Workload instead, and says so in the status.
 SUSPENDED_BY_USER_ANNOTATION = f"{API_GROUP}/suspended"
+# On a RayJob Kueue manages without a queue label (Kueue's manageJobsWithoutQueueName): its webhook
+# suspended the RayJob at creation, or a Workload of it exists. Kueue then owns `suspend` as for a
+# queued one; the operator marks it once found, so the status and later reconciles know.
+KUEUE_MANAGED_ANNOTATION = f"{API_GROUP}/kueue-managed"
 # Kueue's Workload of a job: the resource the operator patches, and the label naming the job's uid.
 KUEUE_WORKLOAD_PLURAL = "workloads"
 KUEUE_JOB_UID_LABEL = f"{KUEUE_GROUP}/job-uid"

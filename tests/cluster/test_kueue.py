@@ -20,7 +20,7 @@ import pytest
 
 from tests.support.cluster import nodes
 from tests.support.cluster.cluster import Cluster
-from tests.support.cluster.kueue import API, kueue_queue_objects
+from tests.support.cluster.kueue import API, kueue_configured, kueue_queue_objects
 from tests.support.cluster.steps import (
     OperatorProcess,
     Watch,
@@ -591,3 +591,45 @@ def test_a_jobs_workload_priority_class_and_topology_request_reach_kueues_worklo
     finally:
         cluster.kubectl("delete", "llmtj", "--all", "-n", namespace, "--wait=false")
         cluster.kubectl("delete", "--ignore-not-found", "--wait=false", f"workloadpriorityclass/{wpc}")
+
+
+def test_a_job_kueue_manages_without_a_queue_name_is_left_to_kueue(
+    cluster: Cluster, queue: Queue, operator: OperatorProcess, namespace: str
+) -> None:
+    """With Kueue's manageJobsWithoutQueueName (Kueue restarted with it for this test), its webhook
+    suspends a RayJob that has no queue label and no default LocalQueue, and Kueue makes a
+    Workload that waits. Before, the operator saw no queue label and wrote `suspend: false` at the
+    next reconcile (a label edit, a restart), and KubeRay started GPU workers outside any quota
+    until Kueue suspended the RayJob again; the job read "suspended" by its user."""
+    doc = gpu_job("unqueued", namespace)
+    del doc["spec"]["runPolicy"]["queueName"]
+    with (
+        kueue_configured(cluster.directory, {"manageJobsWithoutQueueName": True}),
+        Watch(cluster, "rayjobs", namespace) as watch,
+    ):
+        apply_doc(cluster, doc)
+        wait_for(lambda: workload(cluster, namespace, "unqueued"), what="Kueue's Workload of the job")
+
+        def left_to_kueue() -> bool:
+            obj = rayjob(cluster, namespace, "unqueued")
+            assert obj["spec"].get("suspend") is True and QUEUE_LABEL not in obj["metadata"]["labels"]
+            assert not items(cluster, "pods", namespace, "llmtrain.dev/job=unqueued")
+            status = job_status(cluster, namespace, "unqueued")
+            assert status.get("phase") == "Pending", status
+            assert status["message"].startswith("queued in Kueue (it manages jobs without a queue name"), (
+                status
+            )
+            return True
+
+        wait_for(left_to_kueue, what="the job left queued to Kueue")
+        cluster.kubectl("label", "llmtj", "unqueued", "-n", namespace, "touched=1")
+        wait_for(
+            lambda: (handled_labels(cluster, namespace, "unqueued") or {}).get("touched") == "1",
+            what="the operator handling the label edit",
+        )
+        operator.restart()
+        hold(left_to_kueue, seconds=2 * HOLD_SECONDS)
+        history = suspend_history(watch, "unqueued", 0)
+        assert history == [True], writers(watch, "unqueued", 0)
+        cluster.kubectl("delete", "llmtj", "unqueued", "-n", namespace, "--wait=false")
+        wait_for(lambda: get(cluster, "rayjob", "unqueued", namespace) is None, what="the RayJob gone")

@@ -275,3 +275,72 @@ def test_the_mirror_fails_no_job_for_anything_else(
     assert all(body.get("status", {}).get("phase") != "Failed" for _, _, body in kube.patched), kube.patched
     if status["phase"] != "Pending":
         assert kube.listed == [], "no Workload read"
+
+
+def _unqueued(suspend: bool, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    meta = {"name": "j", "namespace": "n", "uid": "r-uid", "labels": {}, "annotations": annotations or {}}
+    return {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": meta, "spec": {"suspend": suspend}}
+
+
+class ChildKube(FakeKube):
+    """Stores what `ensure` creates as Kueue's webhook would under manageJobsWithoutQueueName:
+    suspended."""
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        return {**obj, "spec": {**obj["spec"], "suspend": True}}
+
+
+def test_a_rayjob_kueue_suspended_at_creation_is_marked_and_its_suspend_left_to_kueue() -> None:
+    from llmtrain.constants import KUEUE_MANAGED_ANNOTATION
+    from llmtrain.operator.children import EnsureResult, drift_patch, ensure
+
+    kube = ChildKube([])
+    ensure(kube, _unqueued(False), EnsureResult(), None)  # type: ignore[arg-type]
+    assert kube.patched == [
+        ("v1/rayjobs", "j", {"metadata": {"annotations": {KUEUE_MANAGED_ANNOTATION: "true"}}})
+    ]
+    marked = _unqueued(True, {KUEUE_MANAGED_ANNOTATION: "true"})
+    assert "spec" not in drift_patch(_unqueued(False), marked), "never un-suspended once marked"
+
+
+def test_an_unmarked_rayjob_with_a_workload_is_kueues_and_one_without_is_the_operators() -> None:
+    """An existing RayJob (e.g. made before the operator marked them): the Workload decides, read
+    only when the operator would write `suspend`."""
+    from llmtrain.constants import KUEUE_MANAGED_ANNOTATION
+    from llmtrain.operator.children import EnsureResult, ensure
+
+    asked: list[str] = []
+
+    def manages(kube: FakeKube) -> Any:
+        def check(rayjob: dict[str, Any]) -> bool:
+            asked.append(rayjob["metadata"]["name"])
+            return workload.manages(kube, rayjob)  # type: ignore[arg-type]
+
+        return check
+
+    kube = FakeKube([wl()])
+    ensure(kube, _unqueued(False), EnsureResult(), _unqueued(True), None, manages(kube))  # type: ignore[arg-type]
+    assert kube.patched == [
+        ("v1/rayjobs", "j", {"metadata": {"annotations": {KUEUE_MANAGED_ANNOTATION: "true"}}})
+    ]
+    kube = FakeKube([])
+    ensure(kube, _unqueued(False), EnsureResult(), _unqueued(True), None, manages(kube))  # type: ignore[arg-type]
+    assert kube.patched == [("v1/rayjobs", "j", {"spec": {"suspend": False}})], "no Kueue: the user's resume"
+    asked.clear()
+    kube = FakeKube([wl()])
+    ensure(kube, _unqueued(False), EnsureResult(), _unqueued(False), None, manages(kube))  # type: ignore[arg-type]
+    assert asked == [] and kube.listed == [], "nothing to write: no Workload read"
+
+
+def test_a_job_kueue_manages_without_a_queue_name_reads_queued() -> None:
+    from llmtrain.constants import KUEUE_MANAGED_ANNOTATION
+    from llmtrain.operator.status import derive
+
+    ray = _unqueued(True, {KUEUE_MANAGED_ANNOTATION: "true"})
+    ray["status"] = {"jobDeploymentStatus": "Suspended"}
+    update, observed = derive(ray, {}, 1, "2026-11-26T10:00:00Z")
+    assert (observed.phase, observed.reason) == ("Pending", "Queued")
+    assert update["message"].startswith("queued in Kueue (it manages jobs without a queue name here)")
+    ray["metadata"]["annotations"][SUSPENDED_BY_USER_ANNOTATION] = "true"
+    _, held = derive(ray, {}, 1, "2026-11-26T10:00:00Z")
+    assert held.phase == "Suspended" and held.message.startswith("suspended (runPolicy.suspend)")

@@ -17,7 +17,6 @@ from typing import Any
 import kopf
 
 from llmtrain.api.validation import InvalidJob, parse_stored_job
-from llmtrain.constants import KUEUE_QUEUE_LABEL
 from llmtrain.operator import startup, workload
 from llmtrain.operator.children import (
     AuthDropped,
@@ -26,6 +25,7 @@ from llmtrain.operator.children import (
     OwnershipConflict,
     child_key,
     ensure_all,
+    kueue_owns_suspend,
     sync_if_present,
 )
 from llmtrain.operator.config import OperatorConfig
@@ -96,7 +96,7 @@ def _reconcile(
         report(kube, body, None, Step.KEPT)
         return
     try:
-        result = ensure_all(kube, objects, still_unfinished(kube, body))
+        result = ensure_all(kube, objects, still_unfinished(kube, body), _kueue_manages(kube))
     except JobStopped as exc:  # finished (or went) since Kopf read it: nothing starts again
         if exc.job is not None:
             report(kube, exc.job, None, Step.KEPT)
@@ -113,7 +113,7 @@ def _reconcile(
         _fail(kube, body, "ChildConflict", str(exc))
         return
     except AuthDropped as exc:
-        if KUEUE_QUEUE_LABEL in (exc.rayjob["metadata"].get("labels") or {}):
+        if kueue_owns_suspend(exc.rayjob):
             _sync_workload(kube, body, exc.rayjob, active=False, logger=logger, retry=retry)
         _fail(kube, body, AUTH_UNSUPPORTED, str(exc))
         return
@@ -129,7 +129,7 @@ def _reconcile(
             raise kopf.TemporaryError(str(err), delay=delay) from err
         _fail(kube, body, "CreateFailed", f"cannot create the job's objects: {err}")
         return
-    if KUEUE_QUEUE_LABEL in (result.rayjob["metadata"].get("labels") or {}):
+    if kueue_owns_suspend(result.rayjob):
         left = _sync_workload(
             kube, body, result.rayjob, active=not job.spec.run_policy.suspend, logger=logger, retry=retry
         )
@@ -194,6 +194,15 @@ def still_unfinished(kube: Kube, job: Mapping[str, Any]) -> Callable[[dict[str, 
     return check
 
 
+def _kueue_manages(kube: Kube) -> Callable[[dict[str, Any]], bool]:
+    """Whether Kueue manages a RayJob without a queue label: a Workload of it exists."""
+
+    def check(rayjob: dict[str, Any]) -> bool:
+        return workload.manages(kube, rayjob)
+
+    return check
+
+
 def recreate(kube: Kube, config: OperatorConfig, job: Mapping[str, Any], logger: Any) -> None:
     """Create an unfinished job's children again after its RayJob went; the run resumes from its
     latest checkpoint. A spec that no longer parses is left to the reconciler; a job that finished
@@ -203,7 +212,9 @@ def recreate(kube: Kube, config: OperatorConfig, job: Mapping[str, Any], logger:
     except InvalidJob:
         return
     try:
-        result = ensure_all(kube, render(parsed, config.images), still_unfinished(kube, job))
+        result = ensure_all(
+            kube, render(parsed, config.images), still_unfinished(kube, job), _kueue_manages(kube)
+        )
     except JobStopped:
         return
     except AuthDropped as exc:

@@ -26,12 +26,12 @@ from typing import Any
 from llmtrain.api.spec import DEFAULT_STARTUP_DEADLINE_SECONDS
 from llmtrain.constants import (
     JOB_LABEL,
-    KUEUE_QUEUE_LABEL,
     RAY_GROUP_VERSION,
     RAYJOB_KIND,
     SUSPENDED_BY_USER_ANNOTATION,
 )
 from llmtrain.operator import reporting, workload
+from llmtrain.operator.children import kueue_owns_suspend
 from llmtrain.operator.diagnosis import (
     KUBERAY_EXPIRY,
     STARTING_DEPLOYMENT,
@@ -218,4 +218,4 @@ def stop(kube: Kube, rayjob: Mapping[str, Any]) -> None:
 
 
 def _queued(rayjob: Mapping[str, Any]) -> bool:
-    return KUEUE_QUEUE_LABEL in ((rayjob.get("metadata") or {}).get("labels") or {})
+    return kueue_owns_suspend(rayjob)

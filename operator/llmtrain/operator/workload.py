@@ -183,6 +183,16 @@ def _list(kube: Kube, rayjob: Mapping[str, Any]) -> tuple[Resource, list[dict[st
     return resource, found
 
 
+def manages(kube: Kube, rayjob: Mapping[str, Any]) -> bool:
+    """Kueue made a Workload of the RayJob: it manages it (with or without a queue label). No
+    Kueue to ask means no."""
+    try:
+        _, found = _list(kube, rayjob)
+    except KueueUnavailable:
+        return False
+    return bool(found)
+
+
 def deactivated(kube: Kube, rayjob: Mapping[str, Any]) -> Deactivation | None:
     """How the RayJob's Workload was deactivated by someone else, if it was."""
     _, found = _list(kube, rayjob)

@@ -286,10 +286,12 @@ def render_rayjob(job: LLMTrainingJob, images: ImageSettings) -> dict[str, Any]:
     if policy.workload_priority_class:
         # On the RayJob from its creation: Kueue refuses it added to a running job, or removed.
         meta["labels"][KUEUE_PRIORITY_CLASS_LABEL] = policy.workload_priority_class
-    if policy.queue_name and policy.suspend:
-        # Created suspended, the RayJob is not given to Kueue until resumed (the label is added
-        # then, never removed): Kueue would admit it before its Workload could be deactivated.
-        # Suspended after it was queued, its Workload is deactivated (operator/workload.py).
+    if policy.suspend:
+        # Created suspended, a queued RayJob is not given to Kueue until resumed (the label is
+        # added then, never removed): Kueue would admit it before its Workload could be
+        # deactivated. Suspended after it was queued (or while Kueue manages it without a queue
+        # name), its Workload is deactivated (operator/workload.py), and the mark tells the
+        # status that its user, not the queue, holds it.
         meta["annotations"] = {SUSPENDED_BY_USER_ANNOTATION: "true"}
     spec: dict[str, Any] = {
         "entrypoint": ENTRYPOINT,
