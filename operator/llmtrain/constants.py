@@ -31,14 +31,26 @@ ROLE_LABEL = f"{API_GROUP}/role"  # Ray pods: head or worker
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 # Kueue's API group, and the label that queues a RayJob in one of its LocalQueues.
 KUEUE_GROUP = "kueue.x-k8s.io"
-KUEUE_VERSION = "v1beta2"
+# The Workload API versions the operator speaks (same `spec.active`, conditions and labels in both),
+# best first; which one the cluster serves is discovered (operator/workload.py): v1beta2 is served
+# only from Kueue v0.15.
+KUEUE_VERSIONS = ("v1beta2", "v1beta1")
 KUEUE_QUEUE_LABEL = f"{KUEUE_GROUP}/queue-name"
 # On a queued job's RayJob: its user asked to suspend it (runPolicy.suspend). Kueue owns the RayJob's
 # `suspend`, so the operator deactivates the job's Kueue Workload instead, and says so in the status.
 SUSPENDED_BY_USER_ANNOTATION = f"{API_GROUP}/suspended"
+# On a RayJob Kueue manages without a queue label (Kueue's manageJobsWithoutQueueName): its webhook
+# suspended the RayJob at creation, or a Workload of it exists. Kueue then owns `suspend` as for a
+# queued one; the operator marks it once found, so the status and later reconciles know.
+KUEUE_MANAGED_ANNOTATION = f"{API_GROUP}/kueue-managed"
 # Kueue's Workload of a job: the resource the operator patches, and the label naming the job's uid.
 KUEUE_WORKLOAD_PLURAL = "workloads"
 KUEUE_JOB_UID_LABEL = f"{KUEUE_GROUP}/job-uid"
+# Kueue's WorkloadPriorityClass of a job (on the RayJob), and its podset annotations for
+# topology-aware scheduling (on a pod template).
+KUEUE_PRIORITY_CLASS_LABEL = f"{KUEUE_GROUP}/priority-class"
+KUEUE_REQUIRED_TOPOLOGY_ANNOTATION = f"{KUEUE_GROUP}/podset-required-topology"
+KUEUE_PREFERRED_TOPOLOGY_ANNOTATION = f"{KUEUE_GROUP}/podset-preferred-topology"
 
 # KubeRay's RayJob: what the operator renders, creates, watches and mirrors.
 RAY_API_GROUP = "ray.io"

@@ -20,7 +20,7 @@ import pytest
 
 from tests.support.cluster import nodes
 from tests.support.cluster.cluster import Cluster
-from tests.support.cluster.kueue import kueue_queue_objects
+from tests.support.cluster.kueue import API, kueue_configured, kueue_queue_objects
 from tests.support.cluster.steps import (
     OperatorProcess,
     Watch,
@@ -36,6 +36,7 @@ from tests.support.jobs import load_example
 LOCAL_QUEUE = "gpu-queue"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+MAX_EXEC_LABEL = "kueue.x-k8s.io/max-exec-time-seconds"
 # Held long enough for Kueue's and the operator's controllers to act on the state being checked.
 HOLD_SECONDS = 6
 
@@ -500,3 +501,135 @@ def test_a_queued_job_created_suspended_is_never_admitted_until_resumed(
         wait_admitted_on_gpus(cluster, namespace, "held")
         assert rayjob(cluster, namespace, "held")["metadata"]["labels"][QUEUE_LABEL] == LOCAL_QUEUE
         assert suspend_history(watch, "held", 0) == [True, False], writers(watch, "held", 0)
+
+
+def test_a_workload_kueue_deactivated_stays_inactive_and_fails_the_job(
+    cluster: Cluster, queue: Queue, operator: OperatorProcess, namespace: str
+) -> None:
+    """Kueue deactivates a Workload itself when its maximum execution time has passed (an
+    administrator set it with Kueue's `max-exec-time-seconds` label on the RayJob, read when the
+    Workload is made): it sets `spec.active: false` and evicts it with reason
+    `DeactivatedDueToMaximumExecutionTimeExceeded`. Before, the job then read "queued … waiting for
+    quota", and any reconcile (a label edit, an operator restart) set the Workload active again,
+    handing the job GPUs once more. Now the job fails naming Kueue's cause, and stays so."""
+    queue.apply(gpus=8)
+    doc = gpu_job("capped", namespace)
+    doc["spec"]["runPolicy"]["suspend"] = True  # held: its Workload is made only at the resume
+    apply_doc(cluster, doc)
+    wait_for(lambda: job_status(cluster, namespace, "capped").get("phase") == "Suspended", what="held")
+    cluster.kubectl("label", "rayjob", "capped", "-n", namespace, f"{MAX_EXEC_LABEL}=5")
+    _suspend(cluster, namespace, "capped", False)
+    wait_admitted_on_gpus(cluster, namespace, "capped")
+
+    def evicted_by_kueue() -> bool:
+        wl = workload(cluster, namespace, "capped")
+        reason = condition(wl, "Evicted").get("reason")
+        return not _active(cluster, namespace, "capped") and reason == (
+            "DeactivatedDueToMaximumExecutionTimeExceeded"
+        )
+
+    wait_for(evicted_by_kueue, what="Kueue deactivating the Workload past its maximum execution time")
+    status = wait_phase(cluster, namespace, "capped", "Failed")
+    assert "MaximumExecutionTimeExceeded" in status["message"], status
+    assert condition({"status": status}, "Failed").get("reason") == "KueueDeactivated", status
+
+    # A reconcile (a label edit) and an operator restart: the Workload stays inactive, nothing of the
+    # job runs again, and the job stays Failed.
+    cluster.kubectl("label", "llmtj", "capped", "-n", namespace, "touched=1")
+    wait_for(
+        lambda: (handled_labels(cluster, namespace, "capped") or {}).get("touched") == "1",
+        what="the operator handling the label edit",
+    )
+    operator.restart()
+
+    def stays_stopped() -> None:
+        assert not _active(cluster, namespace, "capped")
+        assert condition(workload(cluster, namespace, "capped"), "Admitted").get("status") != "True"
+        assert rayjob(cluster, namespace, "capped")["spec"].get("suspend") is True
+        assert not items(cluster, "pods", namespace, "llmtrain.dev/job=capped")
+        assert job_status(cluster, namespace, "capped").get("phase") == "Failed"
+
+    wait_for(lambda: stays_stopped() or True, what="the job's Ray cluster gone")
+    hold(stays_stopped, seconds=2 * HOLD_SECONDS)
+
+
+def test_a_jobs_workload_priority_class_and_topology_request_reach_kueues_workload(
+    cluster: Cluster, queue: Queue, namespace: str
+) -> None:
+    """runPolicy.workloadPriorityClass sets the Workload's priority from a Kueue WorkloadPriorityClass
+    (apart from the pods' PriorityClass), and resources.topology becomes the workers' podset
+    topology request, both read by the real Kueue from what the operator rendered."""
+    queue.apply(gpus=4)  # the worker needs 8: the Workload waits, as made
+    wpc = f"{namespace}-wpc"[:63]
+    cluster.apply(
+        [
+            {
+                "apiVersion": API,
+                "kind": "WorkloadPriorityClass",
+                "metadata": {"name": wpc},
+                "value": 4242,
+                "description": "a test's Kueue priority",
+            }
+        ]
+    )
+    try:
+        doc = gpu_job("ranked", namespace)
+        doc["spec"]["runPolicy"]["workloadPriorityClass"] = wpc
+        doc["spec"]["resources"]["topology"] = {"preferred": "kubernetes.io/hostname"}
+        apply_doc(cluster, doc)
+        wl = wait_for(lambda: workload(cluster, namespace, "ranked"), what="the job's Workload")
+        assert wl["spec"]["priority"] == 4242, wl["spec"]
+        assert wl["spec"]["priorityClassRef"]["name"] == wpc, wl["spec"]
+        assert wl["spec"]["priorityClassRef"]["group"] == "kueue.x-k8s.io", wl["spec"]
+        sets = {p["name"]: p for p in wl["spec"]["podSets"]}
+        workers = [p for name, p in sets.items() if name != "head" and name != "submitter"]
+        requests = [(p.get("topologyRequest") or {}) for p in workers]
+        assert [(r.get("preferred"), r.get("required")) for r in requests] == [
+            ("kubernetes.io/hostname", None)
+        ], sets
+        assert "topologyRequest" not in sets["head"], sets["head"]
+    finally:
+        cluster.kubectl("delete", "llmtj", "--all", "-n", namespace, "--wait=false")
+        cluster.kubectl("delete", "--ignore-not-found", "--wait=false", f"workloadpriorityclass/{wpc}")
+
+
+def test_a_job_kueue_manages_without_a_queue_name_is_left_to_kueue(
+    cluster: Cluster, queue: Queue, operator: OperatorProcess, namespace: str
+) -> None:
+    """With Kueue's manageJobsWithoutQueueName (Kueue restarted with it for this test), its webhook
+    suspends a RayJob that has no queue label and no default LocalQueue, and Kueue makes a
+    Workload that waits. Before, the operator saw no queue label and wrote `suspend: false` at the
+    next reconcile (a label edit, a restart), and KubeRay started GPU workers outside any quota
+    until Kueue suspended the RayJob again; the job read "suspended" by its user."""
+    doc = gpu_job("unqueued", namespace)
+    del doc["spec"]["runPolicy"]["queueName"]
+    with (
+        kueue_configured(cluster.directory, {"manageJobsWithoutQueueName": True}),
+        Watch(cluster, "rayjobs", namespace) as watch,
+    ):
+        apply_doc(cluster, doc)
+        wait_for(lambda: workload(cluster, namespace, "unqueued"), what="Kueue's Workload of the job")
+
+        def left_to_kueue() -> bool:
+            obj = rayjob(cluster, namespace, "unqueued")
+            assert obj["spec"].get("suspend") is True and QUEUE_LABEL not in obj["metadata"]["labels"]
+            assert not items(cluster, "pods", namespace, "llmtrain.dev/job=unqueued")
+            status = job_status(cluster, namespace, "unqueued")
+            assert status.get("phase") == "Pending", status
+            assert status["message"].startswith("queued in Kueue (it manages jobs without a queue name"), (
+                status
+            )
+            return True
+
+        wait_for(left_to_kueue, what="the job left queued to Kueue")
+        cluster.kubectl("label", "llmtj", "unqueued", "-n", namespace, "touched=1")
+        wait_for(
+            lambda: (handled_labels(cluster, namespace, "unqueued") or {}).get("touched") == "1",
+            what="the operator handling the label edit",
+        )
+        operator.restart()
+        hold(left_to_kueue, seconds=2 * HOLD_SECONDS)
+        history = suspend_history(watch, "unqueued", 0)
+        assert history == [True], writers(watch, "unqueued", 0)
+        cluster.kubectl("delete", "llmtj", "unqueued", "-n", namespace, "--wait=false")
+        wait_for(lambda: get(cluster, "rayjob", "unqueued", namespace) is None, what="the RayJob gone")

@@ -325,6 +325,12 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
         "nodeSelector",
         True,
     ),
+    (
+        "topology-both-levels",
+        spec("resources.topology", {"required": "kubernetes.io/hostname", "preferred": "rack"}),
+        "resources.topology",
+        True,
+    ),
     ("accelerator-type-bad", spec("resources", {"acceleratorType": "H100 80GB"}), "acceleratorType", True),
     (
         "gpu-resource-not-a-gpu",

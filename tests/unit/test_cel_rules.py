@@ -50,6 +50,14 @@ CASES: dict[str, list[tuple[Any, Any, Any]]] = {
     "has(self.queueName) == has(oldSelf.queueName)": [
         ({"queueName": "q"}, {}, {"queueName": "q"}),
     ],
+    "has(self.workloadPriorityClass) == has(oldSelf.workloadPriorityClass)": [
+        ({"workloadPriorityClass": "b"}, {}, {"workloadPriorityClass": "a"}),
+        ({}, {"workloadPriorityClass": "a"}, {}),
+    ],
+    "has(self.required) != has(self.preferred)": [
+        ({"required": "topology.kubernetes.io/zone"}, {}, None),
+        ({"preferred": "kubernetes.io/hostname"}, {"required": "a", "preferred": "b"}, None),
+    ],
     "self.training.precision != 'fp16' || self.resources.gpusPerWorker > 0": [
         (
             {"training": {"precision": "fp16"}, "resources": {"gpusPerWorker": 1}},
@@ -481,7 +489,7 @@ def test_immutable_fields_and_mutable_ones() -> None:
     policy = spec["runPolicy"]["properties"]
     for mutable in ("suspend", "ttlSecondsAfterFinished", "activeDeadlineSeconds"):
         assert "x-kubernetes-validations" not in policy[mutable]
-    for frozen in ("maxRetries", "maxWorkerFailures", "queueName"):
+    for frozen in ("maxRetries", "maxWorkerFailures", "queueName", "workloadPriorityClass"):
         assert policy[frozen]["x-kubernetes-validations"][0]["rule"] == SELF_EQ
 
 

@@ -65,6 +65,11 @@ def pods(rj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return cluster["headGroupSpec"]["template"]["spec"], cluster["workerGroupSpecs"][0]["template"]["spec"]
 
 
+def templates(rj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    cluster = rj["spec"]["rayClusterSpec"]
+    return cluster["headGroupSpec"]["template"], cluster["workerGroupSpecs"][0]["template"]
+
+
 def env_of(pod: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e for e in pod["containers"][0]["env"]}
 
@@ -367,6 +372,38 @@ def test_rayjob_policy_fields() -> None:
     assert plain["spec"]["suspend"] is False
     assert "activeDeadlineSeconds" not in plain["spec"]
     assert "kueue.x-k8s.io/queue-name" not in plain["metadata"]["labels"]
+
+
+def test_kueue_priority_class_and_topology_requests_reach_the_rayjob() -> None:
+    """runPolicy.workloadPriorityClass becomes Kueue's priority-class label on the RayJob (from its
+    creation: Kueue refuses it added to a running job); resources.topology becomes Kueue's podset
+    annotation on the workers' template only, over one the podTemplate overlay may carry."""
+    doc = _gpu_job(
+        runPolicy={"queueName": "gpu-q", "workloadPriorityClass": "research-high"},
+        podTemplate={"annotations": {"kueue.x-k8s.io/podset-preferred-topology": "rack", "team": "a"}},
+    )
+    doc["spec"]["resources"]["topology"] = {"required": "cloud.example.com/topology-block"}
+    rj = rayjob(doc)
+    assert rj["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "research-high"
+    head, worker = templates(rj)
+    assert worker["metadata"]["annotations"] == {
+        "team": "a",
+        "kueue.x-k8s.io/podset-required-topology": "cloud.example.com/topology-block",
+    }
+    assert "kueue.x-k8s.io/podset-required-topology" not in head["metadata"].get("annotations", {})
+    doc["spec"]["resources"]["topology"] = {"preferred": "kubernetes.io/hostname"}
+    _, worker = templates(rayjob(doc))
+    assert (
+        worker["metadata"]["annotations"]["kueue.x-k8s.io/podset-preferred-topology"]
+        == "kubernetes.io/hostname"
+    )
+    plain = rayjob(_gpu_job())
+    assert "kueue.x-k8s.io/priority-class" not in plain["metadata"]["labels"]
+    assert not any("topology" in k for k in templates(plain)[1]["metadata"].get("annotations", {}))
+    with pytest.raises(Exception, match="exactly one of required and preferred"):
+        bad = _gpu_job()
+        bad["spec"]["resources"]["topology"] = {}
+        _job(bad)
 
 
 def test_labels_names_and_owner_references() -> None:

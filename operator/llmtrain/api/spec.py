@@ -403,6 +403,34 @@ class HeadResources(ApiModel):
     )
 
 
+class TopologySpec(ApiModel):
+    """Kueue topology-aware scheduling of the worker pods: the topology level (a node label key,
+    as named in the cluster's Kueue Topology, e.g. cloud.provider.com/topology-block) they must
+    or should share."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "has(self.required) != has(self.preferred)",
+                    "resources.topology takes exactly one of required and preferred",
+                )
+            ]
+        }
+    )
+
+    required: Annotated[str, Field(pattern=QUALIFIED_NAME, max_length=317)] | None = Field(
+        default=None,
+        description="Every worker pod in one domain of this topology level, or the job is not admitted "
+        "(Kueue's podset-required-topology annotation).",
+    )
+    preferred: Annotated[str, Field(pattern=QUALIFIED_NAME, max_length=317)] | None = Field(
+        default=None,
+        description="The worker pods in one domain of this topology level if Kueue can, else in as "
+        "few as it can (Kueue's podset-preferred-topology annotation).",
+    )
+
+
 class ResourcesSpec(ApiModel):
     """Workers, accelerators and placement."""
 
@@ -505,6 +533,11 @@ class ResourcesSpec(ApiModel):
     )
     priority_class_name: Annotated[str, Field(pattern=DNS1123_SUBDOMAIN, max_length=253)] | None = Field(
         default=None, description="PriorityClass of every Ray pod."
+    )
+    topology: TopologySpec | None = Field(
+        default=None,
+        description="Topology-aware scheduling of the worker pods by Kueue (needs runPolicy.queueName "
+        "and a ClusterQueue whose ResourceFlavor has a topology).",
     )
     image: Annotated[str, Field(min_length=1, max_length=512, pattern=IMAGE_REFERENCE)] | None = Field(
         default=None,
@@ -779,6 +812,10 @@ class RunPolicySpec(ApiModel):
                     "has(self.queueName) == has(oldSelf.queueName)",
                     "spec.runPolicy.queueName cannot be added or removed after creation",
                 ),
+                cel(
+                    "has(self.workloadPriorityClass) == has(oldSelf.workloadPriorityClass)",
+                    "spec.runPolicy.workloadPriorityClass cannot be added or removed after creation",
+                ),
             ]
         }
     )
@@ -834,6 +871,13 @@ class RunPolicySpec(ApiModel):
         default=None,
         description="Kueue LocalQueue; the job then waits for admission.",
         json_schema_extra=immutable("runPolicy.queueName"),
+    )
+    workload_priority_class: Annotated[str, Field(pattern=DNS1123_SUBDOMAIN, max_length=253)] | None = Field(
+        default=None,
+        description="Kueue WorkloadPriorityClass of the job (the kueue.x-k8s.io/priority-class label of "
+        "its RayJob): its priority in Kueue's admission and preemption, apart from the pods' "
+        "PriorityClass (resources.priorityClassName). Takes effect when Kueue manages the job.",
+        json_schema_extra=immutable("runPolicy.workloadPriorityClass"),
     )
 
 

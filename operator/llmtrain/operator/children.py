@@ -22,6 +22,7 @@ from typing import Any
 from llmtrain.constants import (
     JOB_LABEL,
     JOB_UID_LABEL,
+    KUEUE_MANAGED_ANNOTATION,
     KUEUE_QUEUE_LABEL,
     MANAGED_BY_LABEL,
     OPERATOR_NAME,
@@ -57,14 +58,23 @@ RAYJOB_MUTABLE = (
 )
 
 
-def rayjob_synced_fields(desired: dict[str, Any], existing: dict[str, Any]) -> tuple[str, ...]:
-    """Kueue owns `suspend` of a queued RayJob: its webhook suspends it at creation and its
-    controller un-suspends it on admission and suspends it on preemption. Writing it back would
-    start a job outside its quota, so once a RayJob is queued (or is being queued now) the operator
-    never touches it."""
-    queued = KUEUE_QUEUE_LABEL in (desired["metadata"].get("labels") or {}) or KUEUE_QUEUE_LABEL in (
-        existing["metadata"].get("labels") or {}
+def kueue_owns_suspend(rayjob: Mapping[str, Any]) -> bool:
+    """Queued in a LocalQueue (its label), or found managed by Kueue without one (our mark)."""
+    meta = rayjob.get("metadata") or {}
+    return (
+        KUEUE_QUEUE_LABEL in (meta.get("labels") or {})
+        or (meta.get("annotations") or {}).get(KUEUE_MANAGED_ANNOTATION) == "true"
     )
+
+
+def rayjob_synced_fields(
+    desired: dict[str, Any], existing: dict[str, Any], kueue_managed: bool = False
+) -> tuple[str, ...]:
+    """Kueue owns `suspend` of a RayJob it manages: its webhook suspends it at creation and its
+    controller un-suspends it on admission and suspends it on preemption. Writing it back would
+    start a job outside its quota, so once a RayJob is queued (or is being queued now), or Kueue
+    manages it without a queue label (`kueue_managed`, or our mark), the operator never touches it."""
+    queued = kueue_managed or kueue_owns_suspend(desired) or kueue_owns_suspend(existing)
     if queued or auth_dropped(desired, existing):
         # A RayJob stored without its auth was suspended on purpose (AuthDropped): never resumed.
         return tuple(name for name in RAYJOB_MUTABLE if name != "suspend")
@@ -158,8 +168,11 @@ def _held_by_earlier_namesake(desired: dict[str, Any], existing: dict[str, Any])
     return False
 
 
-def drift_patch(desired: dict[str, Any], existing: dict[str, Any]) -> dict[str, Any]:
-    """The merge patch that brings an existing child back to the operator-managed state."""
+def drift_patch(
+    desired: dict[str, Any], existing: dict[str, Any], kueue_managed: bool = False
+) -> dict[str, Any]:
+    """The merge patch that brings an existing child back to the operator-managed state;
+    `kueue_managed`: Kueue was found managing the RayJob without a queue label (it is marked so)."""
     patch: dict[str, Any] = {}
     meta: dict[str, Any] = {}
     want_labels = desired["metadata"].get("labels", {})
@@ -170,8 +183,13 @@ def drift_patch(desired: dict[str, Any], existing: dict[str, Any]) -> dict[str, 
     if desired["kind"] == "RayJob":
         want = (desired["metadata"].get("annotations") or {}).get(SUSPENDED_BY_USER_ANNOTATION)
         have = (existing["metadata"].get("annotations") or {}).get(SUSPENDED_BY_USER_ANNOTATION)
+        annotations = {}
         if want != have:
-            meta["annotations"] = {SUSPENDED_BY_USER_ANNOTATION: want}  # None removes it
+            annotations[SUSPENDED_BY_USER_ANNOTATION] = want  # None removes it
+        if kueue_managed and not kueue_owns_suspend(existing):
+            annotations[KUEUE_MANAGED_ANNOTATION] = "true"
+        if annotations:
+            meta["annotations"] = annotations
     want_owner = desired["metadata"].get("ownerReferences") or []
     if want_owner and _controller_uid(existing) is None:
         meta["ownerReferences"] = (existing["metadata"].get("ownerReferences") or []) + want_owner
@@ -180,7 +198,7 @@ def drift_patch(desired: dict[str, Any], existing: dict[str, Any]) -> dict[str, 
     kind = desired["kind"]
     if kind == "RayJob":
         spec_patch = {}
-        for name in rayjob_synced_fields(desired, existing):
+        for name in rayjob_synced_fields(desired, existing, kueue_managed):
             want, have = desired["spec"].get(name), existing.get("spec", {}).get(name)
             if name == "suspend":  # KubeRay's writes drop a false suspend (Go omitempty)
                 want, have = bool(want), bool(have)
@@ -256,13 +274,18 @@ def ensure(
     result: EnsureResult,
     existing: dict[str, Any] | None,
     before_create: Callable[[dict[str, Any]], None] | None = None,
+    kueue_manages: Callable[[dict[str, Any]], bool] | None = None,
 ) -> dict[str, Any]:
     """Create the child if `existing` (as just read) is None, else adopt and re-sync it.
 
     Read before create: in a namespace at its ResourceQuota the API server answers a create of an
     object that already exists with 403 "exceeded quota" before it checks the name (and a create
     it admits then refuses with 409 still counts against the quota until the quota controller
-    resyncs). `before_create` may raise to stop a create (the job finished meanwhile)."""
+    resyncs). `before_create` may raise to stop a create (the job finished meanwhile).
+
+    A RayJob Kueue manages without a queue label is marked so (`KUEUE_MANAGED_ANNOTATION`): one
+    stored suspended although rendered running (Kueue's webhook suspended it), or, when the
+    operator would write its `suspend`, one `kueue_manages` finds a Workload of."""
     meta = desired["metadata"]
     if existing is None:
         if before_create is not None:
@@ -270,6 +293,9 @@ def ensure(
         try:
             created = kube.create(desired)
             result.created.append(child_key(desired))
+            if desired["kind"] == "RayJob" and _suspended_on_admission(desired, created):
+                patch = {"metadata": {"annotations": {KUEUE_MANAGED_ANNOTATION: "true"}}}
+                created = kube.merge_patch(resource_of(desired), meta["namespace"], meta["name"], patch)
             return created
         except ApiError as err:
             if err.status not in (403, 409):
@@ -284,7 +310,15 @@ def ensure(
     _claim(desired, existing)
     if _left_by_earlier_job(desired, existing):
         raise LeftByEarlierJob([existing], str(_job_uid(desired)))
-    patch = drift_patch(desired, existing)
+    managed = (
+        desired["kind"] == "RayJob"
+        and kueue_manages is not None
+        and not kueue_owns_suspend(desired)
+        and not kueue_owns_suspend(existing)
+        and bool(desired["spec"].get("suspend")) != bool((existing.get("spec") or {}).get("suspend"))
+        and kueue_manages(existing)
+    )
+    patch = drift_patch(desired, existing, managed)
     if not patch:
         return existing
     if _controller_uid(existing) is None:
@@ -292,6 +326,16 @@ def ensure(
     else:
         result.patched.append(child_key(desired))
     return kube.merge_patch(resource_of(desired), meta["namespace"], meta["name"], patch)
+
+
+def _suspended_on_admission(desired: Mapping[str, Any], created: Mapping[str, Any]) -> bool:
+    """Rendered running, stored suspended, no queue label: Kueue's webhook (manageJobsWithoutQueueName)
+    suspended it, and Kueue owns its `suspend` from now on."""
+    return (
+        not kueue_owns_suspend(created)
+        and not desired["spec"].get("suspend")
+        and bool((created.get("spec") or {}).get("suspend"))
+    )
 
 
 def sync_if_present(kube: Kube, desired: dict[str, Any]) -> dict[str, Any] | None:
@@ -316,11 +360,13 @@ def ensure_all(
     kube: Kube,
     objects: list[dict[str, Any]],
     before_rayjob_create: Callable[[dict[str, Any]], None] | None = None,
+    kueue_manages: Callable[[dict[str, Any]], bool] | None = None,
 ) -> EnsureResult:
     """Every child read first, then created or re-synced in render order. Children an earlier job
     of this name left are all named at once, before anything is created or changed.
     `before_rayjob_create` runs just before the RayJob is created (not when it exists): the last
-    chance to see that the job finished or went, since creating a RayJob starts training."""
+    chance to see that the job finished or went, since creating a RayJob starts training.
+    `kueue_manages`: whether Kueue manages an existing RayJob without a queue label (see `ensure`)."""
     found = [(obj, _read(kube, obj)) for obj in objects]
     leftovers = [old for obj, old in found if old is not None and _left_by_earlier_job(obj, old)]
     if leftovers:
@@ -328,7 +374,7 @@ def ensure_all(
     result = EnsureResult()
     for obj, existing in found:
         guard = before_rayjob_create if obj["kind"] == "RayJob" else None
-        stored = ensure(kube, obj, result, existing, guard)
+        stored = ensure(kube, obj, result, existing, guard, kueue_manages)
         if obj["kind"] == "RayJob":
             result.rayjob = stored
             _refuse_unauthenticated(kube, obj, stored)
@@ -342,8 +388,7 @@ def _refuse_unauthenticated(kube: Kube, desired: dict[str, Any], stored: dict[st
     if not auth_dropped(desired, stored):
         return
     meta = stored["metadata"]
-    queued = KUEUE_QUEUE_LABEL in (meta.get("labels") or {})
-    if not queued and not stored.get("spec", {}).get("suspend"):
+    if not kueue_owns_suspend(stored) and not stored.get("spec", {}).get("suspend"):
         kube.merge_patch(resource_of(desired), meta["namespace"], meta["name"], {"spec": {"suspend": True}})
     raise AuthDropped(
         f"the API server stored RayJob {meta['name']} without spec.rayClusterSpec.authOptions: the "

@@ -17,7 +17,6 @@ from typing import Any
 import kopf
 
 from llmtrain.api.validation import InvalidJob, parse_stored_job
-from llmtrain.constants import KUEUE_QUEUE_LABEL
 from llmtrain.operator import startup, workload
 from llmtrain.operator.children import (
     AuthDropped,
@@ -26,6 +25,7 @@ from llmtrain.operator.children import (
     OwnershipConflict,
     child_key,
     ensure_all,
+    kueue_owns_suspend,
     sync_if_present,
 )
 from llmtrain.operator.config import OperatorConfig
@@ -35,9 +35,11 @@ from llmtrain.operator.reporting import JOB_RESOURCE, job_key, report
 from llmtrain.operator.serial import JOB_LOCKS
 from llmtrain.operator.status import (
     AUTH_UNSUPPORTED,
+    KUEUE_DEACTIVATED,
     Failure,
     Refused,
     Step,
+    Waiting,
     finished,
     startup_failed,
     was_invalid,
@@ -94,7 +96,7 @@ def _reconcile(
         report(kube, body, None, Step.KEPT)
         return
     try:
-        result = ensure_all(kube, objects, still_unfinished(kube, body))
+        result = ensure_all(kube, objects, still_unfinished(kube, body), _kueue_manages(kube))
     except JobStopped as exc:  # finished (or went) since Kopf read it: nothing starts again
         if exc.job is not None:
             report(kube, exc.job, None, Step.KEPT)
@@ -111,8 +113,8 @@ def _reconcile(
         _fail(kube, body, "ChildConflict", str(exc))
         return
     except AuthDropped as exc:
-        if KUEUE_QUEUE_LABEL in (exc.rayjob["metadata"].get("labels") or {}):
-            _sync_workload(kube, exc.rayjob, active=False, logger=logger)
+        if kueue_owns_suspend(exc.rayjob):
+            _sync_workload(kube, body, exc.rayjob, active=False, logger=logger, retry=retry)
         _fail(kube, body, AUTH_UNSUPPORTED, str(exc))
         return
     except ApiError as err:
@@ -127,8 +129,16 @@ def _reconcile(
             raise kopf.TemporaryError(str(err), delay=delay) from err
         _fail(kube, body, "CreateFailed", f"cannot create the job's objects: {err}")
         return
-    if KUEUE_QUEUE_LABEL in (result.rayjob["metadata"].get("labels") or {}):
-        _sync_workload(kube, result.rayjob, active=not job.spec.run_policy.suspend, logger=logger)
+    if kueue_owns_suspend(result.rayjob):
+        left = _sync_workload(
+            kube, body, result.rayjob, active=not job.spec.run_policy.suspend, logger=logger, retry=retry
+        )
+        if left is not None and left.by_kueue:
+            # Kueue's verdict (maximum execution time, requeuing limit) ends the job.
+            _fail(kube, body, KUEUE_DEACTIVATED, left.describe())
+            return
+        if left is not None:
+            logger.warning(left.describe())
     if result.created:
         logger.info(f"created {', '.join(result.created)}")
     if result.adopted:
@@ -184,6 +194,15 @@ def still_unfinished(kube: Kube, job: Mapping[str, Any]) -> Callable[[dict[str, 
     return check
 
 
+def _kueue_manages(kube: Kube) -> Callable[[dict[str, Any]], bool]:
+    """Whether Kueue manages a RayJob without a queue label: a Workload of it exists."""
+
+    def check(rayjob: dict[str, Any]) -> bool:
+        return workload.manages(kube, rayjob)
+
+    return check
+
+
 def recreate(kube: Kube, config: OperatorConfig, job: Mapping[str, Any], logger: Any) -> None:
     """Create an unfinished job's children again after its RayJob went; the run resumes from its
     latest checkpoint. A spec that no longer parses is left to the reconciler; a job that finished
@@ -193,7 +212,9 @@ def recreate(kube: Kube, config: OperatorConfig, job: Mapping[str, Any], logger:
     except InvalidJob:
         return
     try:
-        result = ensure_all(kube, render(parsed, config.images), still_unfinished(kube, job))
+        result = ensure_all(
+            kube, render(parsed, config.images), still_unfinished(kube, job), _kueue_manages(kube)
+        )
     except JobStopped:
         return
     except AuthDropped as exc:
@@ -242,16 +263,37 @@ def _fail(kube: Kube, job: Mapping[str, Any], reason: str, message: str) -> None
     report(kube, job, None, Failure(reason, message))
 
 
-def _sync_workload(kube: Kube, rayjob: dict[str, Any], *, active: bool, logger: kopf.Logger) -> None:
-    """A queued job's runPolicy.suspend acts on its Kueue Workload (Kueue owns the RayJob's)."""
+def _sync_workload(
+    kube: Kube,
+    job: Mapping[str, Any],
+    rayjob: dict[str, Any],
+    *,
+    active: bool,
+    logger: kopf.Logger,
+    retry: int,
+) -> workload.Deactivation | None:
+    """A queued job's runPolicy.suspend acts on its Kueue Workload (Kueue owns the RayJob's); a
+    Workload someone else deactivated is left so, and returned. Without a Workload API to speak
+    (no Kueue, or an unknown version), the job says so and is looked at again with a growing delay."""
     try:
-        if workload.set_active(kube, rayjob, active):
-            logger.info(f"{'re-activated' if active else 'deactivated'} the Kueue Workload")
+        synced = workload.set_active(kube, rayjob, active)
     except workload.WorkloadNotYet as exc:
         raise kopf.TemporaryError(str(exc), delay=2) from exc
+    except workload.KueueUnavailable as exc:
+        ERRORS.labels(reason="KueueUnavailable").inc()
+        delay = _refusal_backoff(retry)
+        report(kube, job, None, Waiting(str(exc), delay))
+        raise kopf.TemporaryError(str(exc), delay=delay) from exc
     except ApiError as err:
         ERRORS.labels(reason=f"WorkloadHttp{err.status}").inc()
-        raise kopf.TemporaryError(f"Kueue Workload: {err}", delay=err.retry_after or 5) from err
+        if err.transient:
+            raise kopf.TemporaryError(f"Kueue Workload: {err}", delay=err.retry_after or 2) from err
+        delay = _refusal_backoff(retry)
+        report(kube, job, None, Waiting(f"cannot reach its Kueue Workload: {err}", delay))
+        raise kopf.TemporaryError(f"Kueue Workload: {err}", delay=delay) from err
+    if synced.changed:
+        logger.info(f"{'re-activated' if active else 'deactivated'} the Kueue Workload")
+    return synced.deactivation
 
 
 def _status_write_failed(what: str, err: ApiError) -> kopf.TemporaryError:

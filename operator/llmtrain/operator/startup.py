@@ -24,8 +24,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from llmtrain.api.spec import DEFAULT_STARTUP_DEADLINE_SECONDS
-from llmtrain.constants import JOB_LABEL, KUEUE_QUEUE_LABEL, RAY_GROUP_VERSION, RAYJOB_KIND
+from llmtrain.constants import (
+    JOB_LABEL,
+    RAY_GROUP_VERSION,
+    RAYJOB_KIND,
+    SUSPENDED_BY_USER_ANNOTATION,
+)
 from llmtrain.operator import reporting, workload
+from llmtrain.operator.children import kueue_owns_suspend
 from llmtrain.operator.diagnosis import (
     KUBERAY_EXPIRY,
     STARTING_DEPLOYMENT,
@@ -35,7 +41,16 @@ from llmtrain.operator.diagnosis import (
     startup_expired,
 )
 from llmtrain.operator.kube import RESOURCES, ApiError, Kube
-from llmtrain.operator.status import Report, Startup, Step, startup_failed
+from llmtrain.operator.status import (
+    KUEUE_DEACTIVATED,
+    Failure,
+    Report,
+    Startup,
+    Step,
+    Waiting,
+    finished,
+    startup_failed,
+)
 
 PODS = RESOURCES[("v1", "Pod")]
 EVENTS = RESOURCES[("v1", "Event")]
@@ -45,6 +60,9 @@ RAYJOBS = RESOURCES[(RAY_GROUP_VERSION, RAYJOB_KIND)]
 # and a burst of new jobs then costs no reads of pods and Events. A cause shows from the first
 # RayJob event or resync pass after it.
 LOOK_AFTER_SECONDS = 10.0
+# How often a queued job without a Kueue to speak to is looked at again, at most (the resync pass;
+# the reconciler backs off on its own): said in its status.
+KUEUE_LOOK_SECONDS = 120.0
 log = logging.getLogger(__name__)
 
 
@@ -80,7 +98,12 @@ STARTING = StartingJobs()
 
 def mirror(kube: Kube, job: Mapping[str, Any], rayjob: Mapping[str, Any]) -> Report:
     """`report(MIRRORED)` with what blocks a starting job; stops the RayJob of a job that failed to
-    start (again, if an earlier stop did not get through)."""
+    start (again, if an earlier stop did not get through). A queued job Kueue suspended is failed
+    if Kueue deactivated its Workload for good, or told to wait if there is no Kueue to speak to."""
+    kueue = _kueue_verdict(kube, job, rayjob)
+    if kueue is not None:
+        STARTING.note(job, rayjob, False)
+        return reporting.report(kube, job, None, kueue)
     deadline = deadline_seconds(job)
     now = reporting.now()
     worth_a_look = starting(rayjob) and (
@@ -93,6 +116,32 @@ def mirror(kube: Kube, job: Mapping[str, Any], rayjob: Mapping[str, Any]) -> Rep
         stop(kube, rayjob)
     STARTING.note(job, rayjob, starting(rayjob) and not failed)
     return said
+
+
+def _kueue_verdict(kube: Kube, job: Mapping[str, Any], rayjob: Mapping[str, Any]) -> Failure | Waiting | None:
+    """For an unfinished queued job whose RayJob is suspended (Kueue holds it, or evicted it) and
+    that its user did not suspend: Failure when Kueue deactivated its Workload itself, Waiting when
+    the cluster serves no Workload API the operator speaks. One list of the job's Workloads; a
+    failed read leaves the ordinary mirror ("queued") in place."""
+    state = (rayjob.get("status") or {}).get("jobDeploymentStatus")
+    annotations = (rayjob.get("metadata") or {}).get("annotations") or {}
+    if (
+        not _queued(rayjob)
+        or state not in ("Suspending", "Suspended")
+        or annotations.get(SUSPENDED_BY_USER_ANNOTATION) == "true"
+        or finished(job.get("status") or {})
+    ):
+        return None
+    try:
+        found = workload.deactivated(kube, rayjob)
+    except workload.KueueUnavailable as exc:
+        return Waiting(str(exc), KUEUE_LOOK_SECONDS)
+    except ApiError as err:
+        log.warning(f"cannot read the Kueue Workload of {reporting.job_key(job['metadata'])}: {err}")
+        return None
+    if found is None or not found.by_kueue:
+        return None
+    return Failure(KUEUE_DEACTIVATED, found.describe())
 
 
 def starting(rayjob: Mapping[str, Any]) -> bool:
@@ -164,9 +213,9 @@ def stop(kube: Kube, rayjob: Mapping[str, Any]) -> None:
         kube.merge_patch(RAYJOBS, meta["namespace"], meta["name"], {"spec": patch})
     if _queued(rayjob) and meta.get("uid"):
         # Kueue owns a queued RayJob's suspend: deactivating its Workload makes Kueue suspend it.
-        with contextlib.suppress(workload.WorkloadNotYet):
+        with contextlib.suppress(workload.WorkloadNotYet, workload.KueueUnavailable):
             workload.set_active(kube, dict(rayjob), False)
 
 
 def _queued(rayjob: Mapping[str, Any]) -> bool:
-    return KUEUE_QUEUE_LABEL in ((rayjob.get("metadata") or {}).get("labels") or {})
+    return kueue_owns_suspend(rayjob)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, assert_never
 
 from llmtrain.api.status import Phase
-from llmtrain.constants import KUEUE_QUEUE_LABEL, SUSPENDED_BY_USER_ANNOTATION
+from llmtrain.constants import KUEUE_MANAGED_ANNOTATION, KUEUE_QUEUE_LABEL, SUSPENDED_BY_USER_ANNOTATION
 from llmtrain.operator.diagnosis import Diagnosis, deadline_at, startup_expired
 
 CONDITION_TYPES = ("Created", "Running", "Succeeded", "Failed", "Suspended")
@@ -74,9 +74,10 @@ _UNDER_WAY: frozenset[str] = frozenset({"Initializing", "Running", "Suspended"})
 def observe(
     rayjob_status: dict[str, Any] | None, queue: str | None = None, suspended_by_user: bool = False
 ) -> Observed:
-    """`queue`: the Kueue LocalQueue of a queued job. Kueue owns such a RayJob's `suspend`, so a
-    suspended one is waiting for admission (or was preempted), not suspended by its user, unless
-    its user asked (`suspended_by_user`: its Workload is deactivated)."""
+    """`queue`: the Kueue LocalQueue of a queued job ("" when Kueue manages it without one). Kueue
+    owns such a RayJob's `suspend`, so a suspended one is waiting for admission (or was
+    preempted), not suspended by its user, unless its user asked (`suspended_by_user`: its
+    Workload is deactivated)."""
     status = rayjob_status or {}
     deployment = str(status.get("jobDeploymentStatus") or "")
     phase, reason = _DEPLOYMENT.get(deployment, ("Pending", "Unknown" + deployment))
@@ -87,16 +88,17 @@ def observe(
         phase, reason = "Failed", "Stopped"
     detail = str(status.get("message") or "")
     base = _MESSAGES.get(reason, reason)
-    if queue and phase == "Suspended" and suspended_by_user:
+    where = f"LocalQueue {queue!r}" if queue else "Kueue (it manages jobs without a queue name here)"
+    if queue is not None and phase == "Suspended" and suspended_by_user:
         base = (
             f"suspended (runPolicy.suspend): its Kueue Workload is deactivated and holds no quota in "
-            f"LocalQueue {queue!r}; set runPolicy.suspend to false to queue it again"
+            f"{where}; set runPolicy.suspend to false to queue it again"
         )
-    elif queue and phase == "Suspended":
+    elif queue is not None and phase == "Suspended":
         phase, reason = "Pending", "Queued"
         base = (
-            f"queued in Kueue LocalQueue {queue!r}: waiting for quota to admit it (a preempted job "
-            "waits here too, and resumes from its latest checkpoint)"
+            f"queued in {'Kueue ' if queue else ''}{where}: waiting for quota to admit it (a preempted "
+            "job waits here too, and resumes from its latest checkpoint)"
         )
     if detail and (phase == "Failed" or reason == "Retrying"):
         # A retry keeps the failure that caused it: KubeRay's message names it.
@@ -119,8 +121,11 @@ def derive(
     labels = metadata.get("labels") or {}
     annotations = metadata.get("annotations") or {}
     held = annotations.get(SUSPENDED_BY_USER_ANNOTATION) == "true"
+    queue = labels.get(KUEUE_QUEUE_LABEL)
+    if queue is None and annotations.get(KUEUE_MANAGED_ANNOTATION) == "true":
+        queue = ""
     observed = with_root_cause(
-        observe(dict(rayjob.get("status") or {}), labels.get(KUEUE_QUEUE_LABEL), held),
+        observe(dict(rayjob.get("status") or {}), queue, held),
         current.get("progress"),
     )
     if observed.reason == "RayJobCreated" and current.get("phase") in _UNDER_WAY:
@@ -267,11 +272,16 @@ def was_invalid(status: Mapping[str, Any]) -> bool:
 # The operator stopped the job's RayJob itself (it was stored without Ray authentication): the
 # RayJob's later states (Suspended, its cluster deleted) are not the job's.
 AUTH_UNSUPPORTED = "AuthUnsupported"
+# Kueue deactivated the job's Workload itself (maximum execution time, requeuing limit): the job
+# failed, whatever its RayJob does next (an administrator may still re-activate the Workload).
+KUEUE_DEACTIVATED = "KueueDeactivated"
+_STOPPED_REASONS = frozenset({AUTH_UNSUPPORTED, KUEUE_DEACTIVATED})
 
 
 def stopped_by_operator(status: Mapping[str, Any]) -> bool:
+    """Failed by the operator's verdict, not its RayJob's: the RayJob's later states are not the job's."""
     return any(
-        c.get("type") == "Failed" and c.get("status") == "True" and c.get("reason") == AUTH_UNSUPPORTED
+        c.get("type") == "Failed" and c.get("status") == "True" and c.get("reason") in _STOPPED_REASONS
         for c in status.get("conditions") or []
     )
 
@@ -306,6 +316,15 @@ class Refused:
 
 
 @dataclass(frozen=True)
+class Waiting:
+    """A queued job cannot reach Kueue (not installed, or an API version the operator does not
+    speak); looked at again after `delay` seconds."""
+
+    problem: str
+    delay: float
+
+
+@dataclass(frozen=True)
 class Failure:
     """A permanent failure the operator found: InvalidSpec, ChildConflict, CreateFailed or
     AuthUnsupported."""
@@ -314,7 +333,7 @@ class Failure:
     message: str
 
 
-Outcome = Step | Refused | Failure
+Outcome = Step | Refused | Waiting | Failure
 
 
 @dataclass(frozen=True)
@@ -386,6 +405,18 @@ def operator_status(
         first = not (isinstance(said, str) and outcome.error in said)  # one Warning per refusal
         return Report(
             update, Announcement("Warning", "CreateRefused", message), "write" if first else "phase"
+        )
+    if isinstance(outcome, Waiting):
+        message = f"waiting for Kueue (looked at again in {outcome.delay:.0f} s or sooner): {outcome.problem}"
+        said = status.get("message")
+        first = not (isinstance(said, str) and outcome.problem in said)  # one Warning per problem
+        update = {
+            "phase": status.get("phase") or "Pending",
+            "message": message,
+            "observedGeneration": generation,
+        }
+        return Report(
+            update, Announcement("Warning", "KueueUnavailable", message), "write" if first else "phase"
         )
     if outcome is Step.KEPT:
         return Report({"observedGeneration": generation})

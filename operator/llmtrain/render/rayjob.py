@@ -16,7 +16,10 @@ from llmtrain.constants import (
     CONFIG_PATH,
     DEFAULT_TRAINER_IMAGE,
     JOB_LABEL,
+    KUEUE_PREFERRED_TOPOLOGY_ANNOTATION,
+    KUEUE_PRIORITY_CLASS_LABEL,
     KUEUE_QUEUE_LABEL,
+    KUEUE_REQUIRED_TOPOLOGY_ANNOTATION,
     RAY_GROUP_VERSION,
     RAY_VERSION,
     RAYJOB_KIND,
@@ -213,6 +216,17 @@ def _worker_group(job: LLMTrainingJob, images: ImageSettings) -> dict[str, Any]:
     capabilities = worker_capabilities(job.spec, CONTAINER_SECURITY_CONTEXT["capabilities"])
     if capabilities != CONTAINER_SECURITY_CONTEXT["capabilities"]:
         container["securityContext"] = {**CONTAINER_SECURITY_CONTEXT, "capabilities": capabilities}
+    metadata = _template_metadata(job, {JOB_LABEL: job.metadata.name, ROLE_LABEL: "worker"})
+    if res.topology is not None:
+        # Kueue reads a podset's topology request from its pod template; the head is a podset of one.
+        key, level = (
+            (KUEUE_REQUIRED_TOPOLOGY_ANNOTATION, res.topology.required)
+            if res.topology.required
+            else (KUEUE_PREFERRED_TOPOLOGY_ANNOTATION, res.topology.preferred)
+        )
+        others = (KUEUE_REQUIRED_TOPOLOGY_ANNOTATION, KUEUE_PREFERRED_TOPOLOGY_ANNOTATION)
+        annotations = {k: v for k, v in (metadata.get("annotations") or {}).items() if k not in others}
+        metadata["annotations"] = {**annotations, key: str(level)}
     return {
         "groupName": WORKER_GROUP,
         "replicas": res.workers,
@@ -220,7 +234,7 @@ def _worker_group(job: LLMTrainingJob, images: ImageSettings) -> dict[str, Any]:
         "maxReplicas": res.workers,
         "rayStartParams": {},
         "template": {
-            "metadata": _template_metadata(job, {JOB_LABEL: job.metadata.name, ROLE_LABEL: "worker"}),
+            "metadata": metadata,
             "spec": _pod_spec(job, images, container, node_selector=node_selector, tolerations=tolerations),
         },
     }
@@ -269,10 +283,15 @@ def render_rayjob(job: LLMTrainingJob, images: ImageSettings) -> dict[str, Any]:
     meta = object_meta(job, rayjob_name(job.metadata.name), "training")
     if policy.queue_name and not policy.suspend:
         meta["labels"][KUEUE_QUEUE_LABEL] = policy.queue_name
-    if policy.queue_name and policy.suspend:
-        # Created suspended, the RayJob is not given to Kueue until resumed (the label is added
-        # then, never removed): Kueue would admit it before its Workload could be deactivated.
-        # Suspended after it was queued, its Workload is deactivated (operator/workload.py).
+    if policy.workload_priority_class:
+        # On the RayJob from its creation: Kueue refuses it added to a running job, or removed.
+        meta["labels"][KUEUE_PRIORITY_CLASS_LABEL] = policy.workload_priority_class
+    if policy.suspend:
+        # Created suspended, a queued RayJob is not given to Kueue until resumed (the label is
+        # added then, never removed): Kueue would admit it before its Workload could be
+        # deactivated. Suspended after it was queued (or while Kueue manages it without a queue
+        # name), its Workload is deactivated (operator/workload.py), and the mark tells the
+        # status that its user, not the queue, holds it.
         meta["annotations"] = {SUSPENDED_BY_USER_ANNOTATION: "true"}
     spec: dict[str, Any] = {
         "entrypoint": ENTRYPOINT,

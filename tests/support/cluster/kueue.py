@@ -9,10 +9,14 @@ the API server cannot verify at 127.0.0.1; our serving certificate is used inste
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import shutil
 import tempfile
-from collections.abc import Callable
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +24,8 @@ from typing import Any
 import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
+
+from tests.support.cluster import processes
 
 NAMESPACE = "kueue-system"
 API = "kueue.x-k8s.io/v1beta2"  # the storage version of every Kueue CRD in v0.19.2
@@ -237,3 +243,40 @@ def kueue_queue_objects(
             "spec": {"clusterQueue": cluster_queue},
         },
     ]
+
+
+@contextlib.contextmanager
+def kueue_configured(directory: Path, changes: dict[str, Any]) -> Iterator[None]:
+    """Kueue's manager restarted with `changes` merged into its Configuration, and restarted with
+    the tier's own after. For a setting that would change every other test's jobs (Kueue v0.19.2
+    applies managedJobsNamespaceSelector to queued jobs too, so manageJobsWithoutQueueName cannot
+    be narrowed to one namespace)."""
+    config_path = directory / "kueue" / "kueue-config.yaml"
+    original = config_path.read_text()
+    pid = processes.running(directory)["kueue"]
+    argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")]
+    kubeconfig = next(a.split("=", 1)[1] for a in argv if a.startswith("--kubeconfig="))
+    health = f"http://{yaml.safe_load(original)['health']['healthProbeBindAddress']}/readyz"
+
+    def restart(text: str) -> None:
+        config_path.write_text(text)
+        processes.stop(directory, "kueue")
+        processes.start(directory, "kueue", argv, env={"KUBECONFIG": kubeconfig})
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            with (
+                contextlib.suppress(urllib.error.URLError, OSError),
+                urllib.request.urlopen(health, timeout=5) as answer,
+            ):
+                if answer.status == 200:
+                    return
+            time.sleep(0.5)
+        raise RuntimeError(
+            f"Kueue did not become ready again:\n{processes.tail(directory / 'logs' / 'kueue.log')}"
+        )
+
+    restart(yaml.safe_dump({**yaml.safe_load(original), **changes}, sort_keys=False))
+    try:
+        yield
+    finally:
+        restart(original)
