@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Iterator
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import yaml
 
@@ -90,10 +90,11 @@ def _print_problems(path: Path | str, problems: list[Problem]) -> None:
         print(f"{path}: {problem}", file=sys.stderr)
 
 
-def check_document(where: Path | str, doc: Any) -> bool:
+def check_document(where: Path | str, doc: Any, estimate_to: TextIO | None = None) -> bool:
     """One document as the API server would see it, plus the accelerator label and the memory fit:
     problems and warnings go to stderr, the estimate of a job that fits to stdout. `validate` runs
-    it on every job document, `submit` on the one it applies."""
+    it on every job document, `submit` on the one it applies (its estimate to stderr: its stdout is
+    the job's progress)."""
     try:
         job = parse_job(doc)
     except InvalidJob as exc:
@@ -106,7 +107,7 @@ def check_document(where: Path | str, doc: Any) -> bool:
         kind = "error" if finding.error else "warning"
         print(f"{where}: {job.metadata.name}: memory {kind}: {finding.message}", file=sys.stderr)
     if not findings:
-        print(f"{where}: {job.metadata.name}: memory: {memory.summary(plan)}")
+        print(f"{where}: {job.metadata.name}: memory: {memory.summary(plan)}", file=estimate_to or sys.stdout)
     return not any(finding.error for finding in findings)
 
 

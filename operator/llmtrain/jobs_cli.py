@@ -97,7 +97,7 @@ def _validated(path: Path) -> dict[str, Any]:
     _, notes = advice.job_documents(bodies)
     for note in notes:
         print(f"{path}: note: {note}", file=sys.stderr)
-    if not cli.check_document(document.where(path), document.body):
+    if not cli.check_document(document.where(path), document.body, estimate_to=sys.stderr):
         raise CliError(f"{path}: not submitted; fix the fields above (llmtrain validate {path})")
     doc = document.body
     assert isinstance(doc, dict)
