@@ -10,14 +10,15 @@ its group, a watch started for each newly resolved resource a handler names.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 from llmtrain.constants import API_GROUP, PLURAL
 
+from tests.support.cluster import audit
 from tests.support.cluster.cluster import Cluster
 from tests.support.cluster.steps import (
+    OPERATOR_USER,
     OperatorProcess,
     apply_doc,
     cpu_job,
@@ -43,6 +44,7 @@ def test_a_job_crd_created_after_the_operator_started_is_served_without_a_restar
     fresh = None
     try:
         cluster.kubectl("delete", "crd", CRD_NAME, "--wait=true", "--timeout=120s")
+        mark = audit.size(cluster.audit_log)
         fresh = start_operator(cluster, tmp_path, "crds-later", log_level="debug")
         wait_for(
             lambda: UNRESOLVED in fresh.output() and CRD_WATCH in fresh.output(),
@@ -50,8 +52,16 @@ def test_a_job_crd_created_after_the_operator_started_is_served_without_a_restar
             what="the operator started without the CRD, and watching CRDs",
         )
         # Kopf ignores the first listing of its CRD watch (it scanned discovery just before): a CRD
-        # created between that scan and the listing would be missed, so not here.
-        time.sleep(2)
+        # created between that scan and the listing would be missed, so it is created only once
+        # the API server has answered that listing (a fixed sleep was too short on a loaded CI).
+        wait_for(
+            lambda: any(
+                c.verb == "list" and c.resource == "customresourcedefinitions"
+                for c in audit.calls(cluster.audit_log, OPERATOR_USER, mark)
+            ),
+            timeout=60,
+            what="the operator's first listing of CRDs",
+        )
         cluster.kubectl("create", "-f", "-", input=json.dumps(crd))
         cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
         apply_doc(cluster, cpu_job("late", namespace, suspend=True))
