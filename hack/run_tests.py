@@ -61,7 +61,8 @@ def main(argv: list[str]) -> int:
     for lane, paths in LANES.items():
         log = logs / f"{lane.replace('+', '-')}.log"
         out = log.open("wb")
-        cmd = [sys.executable, "-m", "pytest", *argv, *paths]
+        # The slowest tests of each lane end its log: what to move when the lanes drift apart.
+        cmd = [sys.executable, "-m", "pytest", "--durations=30", *argv, *paths]
         print(f"[{lane}] {' '.join(cmd[1:])} > {log.relative_to(REPO_ROOT)}", flush=True)
         running[lane] = (subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT), log)
     codes: dict[str, int] = {}

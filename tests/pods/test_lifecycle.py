@@ -127,7 +127,12 @@ def test_worker_loss_suspend_resume_and_recreate_in_real_pods(
     assert second["metadata"]["uid"] != first["metadata"]["uid"]
     phases = [s.get("phase") for s in again.statuses]
     assert "Succeeded" not in phases, phases
-    assert 0 < _step(again.statuses[-1]) < STEPS, again.statuses[-1]  # not the old run's end
+    assert 0 < _step(again.statuses[-1]) < STEPS, (  # not the old run's end
+        first["metadata"]["uid"],
+        second["metadata"]["uid"],
+        [(s.get("phase"), s.get("progress"), s.get("startTime")) for s in again.statuses],
+        again.story(cluster),
+    )
     assert _resumed_steps(cluster, namespace) == [], "the re-created job resumed the old run"
     print(
         f"\nkill at {step_at_kill} (checkpoint {checkpoint_at_kill}) -> resumed {resumed} in "
