@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import time
 import types
 import typing
 from pathlib import Path
@@ -95,3 +97,33 @@ def load_config(path: Path) -> TrainerConfig:
     except OSError as exc:
         raise ConfigError(f"cannot read trainer config {path}: {exc.strerror or exc}") from exc
     return parse_config(text, str(path))
+
+
+# The job's uid, from the pod spec the operator rendered for this incarnation of the job.
+JOB_UID_ENV = "LLMTRAIN_JOB_UID"
+
+
+def load_current_config(path: Path, timeout: float = 180.0, poll: float = 5.0) -> TrainerConfig:
+    """The mounted config, once it is this job's. A job deleted and applied again under the same
+    name gets a ConfigMap of the same name; a kubelet that still caches the earlier one (its pods
+    were still on the node) mounts the earlier job's config, whose run is the earlier uid: training
+    would silently continue the old run. The pod's own uid says which config is current; the kubelet
+    refreshes the volume within its sync period, so wait for that, then give up naming both."""
+    expected = os.environ.get(JOB_UID_ENV, "")
+    config = load_config(path)
+    deadline = time.monotonic() + timeout
+    while expected and config.run_name != expected:
+        if time.monotonic() >= deadline:
+            raise ConfigError(
+                f"the trainer config mounted at {path} is for run {config.run_name}, an earlier job named "
+                f"{config.job.name}; this job is {expected} and its config did not arrive in {timeout:.0f} s"
+            )
+        log.warning(
+            "the mounted trainer config is an earlier job's (run %s, this job %s): waiting for the kubelet "
+            "to refresh it",
+            config.run_name,
+            expected,
+        )
+        time.sleep(poll)
+        config = load_config(path)
+    return config

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from llmtrain.api.trainer_config import TrainerConfig
 
-from llmtrain_trainer.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
+from llmtrain_trainer.config import DEFAULT_CONFIG_PATH, ConfigError, load_current_config
 from llmtrain_trainer.kube_progress import report_failure
 from llmtrain_trainer.lifecycle import LoopOptions
 from llmtrain_trainer.loop import loop_config, train_loop_per_worker
@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = with_model_folder(load_config(args.config))
+        config = with_model_folder(load_current_config(args.config))
     except ConfigError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

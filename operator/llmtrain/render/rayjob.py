@@ -72,6 +72,8 @@ def _env(job: LLMTrainingJob, uses_gpu: bool) -> list[dict[str, Any]]:
         {"name": "HF_HOME", "value": f"{spec.storage.mount_path}/hf-cache"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
+    if job.metadata.uid:  # the trainer waits until its mounted config is this incarnation's
+        env.append({"name": "LLMTRAIN_JOB_UID", "value": job.metadata.uid})
     if not uses_gpu:
         env.append({"name": "DS_ACCELERATOR", "value": "cpu"})
     secrets = {"HF_TOKEN": spec.model.hf_token_secret_ref}
