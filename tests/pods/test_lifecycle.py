@@ -119,7 +119,13 @@ def test_worker_loss_suspend_resume_and_recreate_in_real_pods(
     finished = time.monotonic()
 
     # 3. Delete and apply again under the same name: a new run from step 0 in a new run folder.
+    # KNOWN DEFECT (open, see tests/README.md): applied again while the earlier job's Ray pods are
+    # still on the node, the kubelet keeps serving the earlier job's immutable ConfigMap of the same
+    # name to the new pods. The trainer now refuses that config (it waits for its own uid's, then
+    # fails naming both runs) instead of resuming the old run; until the operator waits for the
+    # earlier incarnation's pods, this scenario re-applies once they are gone.
     cluster.kubectl("delete", "llmtj", NAME, "-n", namespace, "--wait=true", timeout=120)
+    jobs.wait_no_ray_pods(cluster, namespace, timeout=300)
     jobs.apply_job(cluster, namespace, job)
     again = jobs.Watch(namespace, NAME)
     again.until(cluster, lambda _: _step(again.statuses[-1]) > 0, what="the new run's first steps")
