@@ -90,13 +90,11 @@ def _validated(path: Path) -> dict[str, Any]:
         bodies = list(cli._documents(path))
     except (OSError, ValueError, yaml.YAMLError) as exc:
         raise CliError(f"{path}: cannot read: {exc}") from exc
+    cli._job_documents(path, bodies)  # its notes on the other documents, as validate prints them
     try:
         document = advice.the_job(bodies, verb="llmtrain submit applies")
     except advice.NotOneJob as exc:
         raise CliError(f"{path}: {exc}") from exc
-    _, notes = advice.job_documents(bodies)
-    for note in notes:
-        print(f"{path}: note: {note}", file=sys.stderr)
     if not cli.check_document(document.where(path), document.body, estimate_to=sys.stderr):
         raise CliError(f"{path}: not submitted; fix the fields above (llmtrain validate {path})")
     doc = document.body

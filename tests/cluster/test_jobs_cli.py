@@ -29,6 +29,7 @@ from tests.support.cluster.steps import (
     get,
     items,
     job_status,
+    set_progress,
     wait_for,
     wait_phase,
 )
@@ -62,21 +63,6 @@ def llmtrain_cmd(cluster: Cluster, *args: str) -> list[str]:
 def llmtrain(cluster: Cluster, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         llmtrain_cmd(cluster, *args), capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT
-    )
-
-
-def set_progress(cluster: Cluster, namespace: str, name: str, progress: dict[str, Any]) -> None:
-    """What the trainer's rank 0 patches (status subresource, merge patch)."""
-    cluster.kubectl(
-        "patch",
-        "llmtj",
-        name,
-        "-n",
-        namespace,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps({"status": {"progress": progress}}),
     )
 
 

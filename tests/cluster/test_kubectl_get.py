@@ -3,14 +3,21 @@ show what a user watches a run by (phase, progress, loss), under every name the 
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 import pytest
 
 from tests.support.cluster.cluster import Cluster
-from tests.support.cluster.steps import OperatorProcess, apply_doc, cpu_job, job_status, table, wait_phase
+from tests.support.cluster.steps import (
+    OperatorProcess,
+    apply_doc,
+    cpu_job,
+    job_status,
+    set_progress,
+    table,
+    wait_phase,
+)
 
 COLUMNS = ["NAME", "PHASE", "STRATEGY", "WORKERS", "GPUS", "PROGRESS", "LOSS", "AGE"]
 WIDE_COLUMNS = [*COLUMNS, "METHOD", "MODEL", "TOKENS/S", "ETA(S)", "RAYJOB", "MESSAGE"]
@@ -54,17 +61,7 @@ def test_columns_show_phase_progress_and_loss_from_the_status(
         "tokensPerSecond": 5321.5,
         "etaSeconds": 3600,
     }
-    cluster.kubectl(
-        "patch",
-        "llmtj",
-        "tiny",
-        "-n",
-        namespace,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps({"status": {"progress": progress}}),
-    )
+    set_progress(cluster, namespace, "tiny", progress)
 
     rows = table(cluster.kubectl("get", "llmtj", "-n", namespace).stdout)
     assert [list(r) for r in rows] == [COLUMNS], rows

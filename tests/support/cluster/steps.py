@@ -343,6 +343,21 @@ def touch_job_pods(cluster: Cluster, namespace: str) -> None:
     )
 
 
+def set_progress(cluster: Cluster, namespace: str, name: str, progress: dict[str, Any]) -> None:
+    """What the trainer's rank 0 patches (status subresource, merge patch)."""
+    cluster.kubectl(
+        "patch",
+        "llmtj",
+        name,
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": {"progress": progress}}),
+    )
+
+
 def table(text: str) -> list[dict[str, str]]:
     """kubectl's table output as rows keyed by column name; cells are cut at the header's column
     starts, so a cell holding spaces (a message) stays whole and an empty one reads ''."""
