@@ -24,6 +24,7 @@ from llmtrain.render.rayjob import SUBMITTER_BACKOFF_LIMIT
 from tests.support.cluster import nodes
 from tests.support.cluster.cluster import REPO_ROOT, Cluster
 from tests.support.cluster.steps import (
+    HOLD_FINALIZER,
     OperatorProcess,
     Watch,
     apply_doc,
@@ -41,7 +42,7 @@ from tests.support.jobs import load_example, with_path
 TINY = "tiny-cpu"
 GPU_EXAMPLE = "llama3-8b-fsdp"
 GPU = "nvidia.com/gpu"
-HOLD_FINALIZER = "llmtrain.dev/test-hold"
+
 JOB_POD_LABEL = "batch.kubernetes.io/job-name"
 # Why a pod was not created: the Job controller's reason, and KubeRay's for its head and workers.
 POD_CREATE_FAILURES = ("FailedCreate", "FailedToCreateHeadPod", "FailedToCreateWorkerPod")

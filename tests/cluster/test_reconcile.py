@@ -19,6 +19,7 @@ from llmtrain.render import render
 
 from tests.support.cluster.cluster import Cluster
 from tests.support.cluster.steps import (
+    HOLD_FINALIZER,
     RESYNC_SECONDS,
     OperatorProcess,
     apply_doc,
@@ -237,6 +238,89 @@ def test_a_job_applied_again_after_an_orphaning_delete_trains_its_new_spec_never
     assert config["training"]["learningRate"] == 0.0007 and config["runName"] == uid, config
     for kind in CHILD_KINDS:
         assert len(items(cluster, CHILD_KINDS[kind], namespace, "llmtrain.dev/job=again")) == 1, kind
+
+
+def _earlier_pod(name: str, job: str, uid: str) -> dict[str, Any]:
+    """A pod as an earlier job of this name left it: its labels, a restricted-compliant spec, on
+    no node (nothing schedules it) and held by a finalizer once deleted."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {"llmtrain.dev/job": job, "llmtrain.dev/job-uid": uid},
+            "finalizers": [HOLD_FINALIZER],
+        },
+        "spec": {
+            "nodeSelector": {"llmtrain.dev/nowhere": "true"},
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 1000,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "ray-worker",
+                    "image": "example.invalid/trainer:1",
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                }
+            ],
+        },
+    }
+
+
+def test_a_namesakes_pods_hold_the_new_ray_cluster_back_until_they_are_gone(
+    cluster: Cluster, operator: OperatorProcess, namespace: str
+) -> None:
+    """Ray pods of an earlier job of this name that are still there (terminating within their
+    grace period, or orphaned) would hand a new pod the earlier job's immutable config from the
+    kubelet's cache (seen with real pods) and share the checkpoints with a trainer still running.
+    The new job creates its other children, says which pods it waits for (and, for ones nobody
+    deletes, the command), creates no RayJob while any is there, and starts once they are gone."""
+    pod = "hold-worker-old"
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(_earlier_pod(pod, "hold", "0ld")))
+    try:
+        apply_doc(cluster, cpu_job("hold", namespace))
+        orphaned = wait_for(
+            lambda: (s := job_status(cluster, namespace, "hold")) and pod in s.get("message", "") and s,
+            what="the job naming the earlier job's pod",
+        )
+        assert orphaned["phase"] == "Pending", orphaned
+        assert "uid 0ld" in orphaned["message"] and "not being deleted" in orphaned["message"], orphaned
+        command = orphaned["message"].split("(orphaned): ", 1)[1]
+        assert command.startswith("kubectl delete pods "), command
+        assert get(cluster, "configmap", "hold-config", namespace) is not None
+        cluster.kubectl(*shlex.split(command)[1:], "--wait=false")
+        terminating = wait_for(
+            lambda: (
+                (s := job_status(cluster, namespace, "hold"))
+                and pod in s["message"]
+                and "not being deleted" not in s["message"]
+                and s
+            ),
+            what="the job waiting for the terminating pod",
+        )
+        assert terminating["phase"] == "Pending", terminating
+        time.sleep(3)
+        assert get(cluster, "rayjob", "hold", namespace) is None
+    finally:
+        cluster.kubectl(
+            "patch",
+            "pod",
+            pod,
+            "-n",
+            namespace,
+            "--type=json",
+            "-p",
+            '[{"op": "remove", "path": "/metadata/finalizers"}]',
+            check=False,
+        )
+        cluster.kubectl("delete", "pod", pod, "-n", namespace, "--ignore-not-found", "--wait=false")
+    rayjob = wait_for(lambda: get(cluster, "rayjob", "hold", namespace), timeout=60, what="the RayJob")
+    uid = (get(cluster, "llmtj", "hold", namespace) or {})["metadata"]["uid"]
+    assert [r["uid"] for r in rayjob["metadata"]["ownerReferences"]] == [uid]
+    worker = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["metadata"]["labels"]
+    assert worker["llmtrain.dev/job-uid"] == uid, worker
 
 
 @pytest.mark.parametrize("holder", ["hand-made", "another-controller"])

@@ -119,13 +119,11 @@ def test_worker_loss_suspend_resume_and_recreate_in_real_pods(
     finished = time.monotonic()
 
     # 3. Delete and apply again under the same name: a new run from step 0 in a new run folder.
-    # KNOWN DEFECT (open, see tests/README.md): applied again while the earlier job's Ray pods are
-    # still on the node, the kubelet keeps serving the earlier job's immutable ConfigMap of the same
-    # name to the new pods. The trainer now refuses that config (it waits for its own uid's, then
-    # fails naming both runs) instead of resuming the old run; until the operator waits for the
-    # earlier incarnation's pods, this scenario re-applies once they are gone.
+    # Applied again at once, while the earlier job's Ray pods are still going: the new job waits
+    # for them (the kubelet would hand a new pod the earlier job's immutable config of the same
+    # name from its cache) and then starts a run of its own.
     cluster.kubectl("delete", "llmtj", NAME, "-n", namespace, "--wait=true", timeout=120)
-    jobs.wait_no_ray_pods(cluster, namespace, timeout=300)
+    earlier_pods = jobs.ray_pods(cluster, namespace)
     jobs.apply_job(cluster, namespace, job)
     again = jobs.Watch(namespace, NAME)
     again.until(cluster, lambda _: _step(again.statuses[-1]) > 0, what="the new run's first steps")
@@ -140,11 +138,14 @@ def test_worker_loss_suspend_resume_and_recreate_in_real_pods(
         again.story(cluster),
     )
     assert _resumed_steps(cluster, namespace) == [], "the re-created job resumed the old run"
+    waited = [s["message"] for s in again.statuses if "earlier LLMTrainingJob" in s.get("message", "")]
+    assert waited or not earlier_pods, ("the new job did not wait for the earlier pods", earlier_pods)
     print(
         f"\nkill at {step_at_kill} (checkpoint {checkpoint_at_kill}) -> resumed {resumed} in "
         f"{resumed_after_kill - killed:.0f} s; suspended at {suspended_at}, finished "
         f"{finished - resumed_after_kill:.0f} s later; re-created run stepping after "
-        f"{time.monotonic() - finished:.0f} s; scenario {time.monotonic() - started:.0f} s"
+        f"{time.monotonic() - finished:.0f} s ({len(earlier_pods)} earlier pods waited for); "
+        f"scenario {time.monotonic() - started:.0f} s"
     )
 
 

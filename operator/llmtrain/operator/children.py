@@ -28,7 +28,7 @@ from llmtrain.constants import (
     OPERATOR_NAME,
     SUSPENDED_BY_USER_ANNOTATION,
 )
-from llmtrain.operator.kube import ApiError, Kube, resource_of
+from llmtrain.operator.kube import RESOURCES, ApiError, Kube, resource_of
 
 # Fields the operator keeps in sync on an existing child. Everything else is create-only:
 # KubeRay ignores later rayClusterSpec edits, PVC specs are immutable, and so is the trainer's
@@ -49,6 +49,7 @@ _PLURALS = {
     "PersistentVolumeClaim": "persistentvolumeclaims",
     "RayJob": "rayjobs",
 }
+PODS = RESOURCES[("v1", "Pod")]
 # The RayJob spec fields that may change after creation (see the CRD's immutability rules).
 RAYJOB_MUTABLE = (
     "suspend",
@@ -120,6 +121,44 @@ class LeftByEarlierJob(Exception):
             f"starts: kubectl delete {','.join(kinds)} -n {first['namespace']} -l "
             f"'{selector},{JOB_UID_LABEL}!={uid}'"
         )
+
+
+class EarlierPodsRemain(Exception):
+    """Pods of an earlier job of this name are still there (terminating, or orphaned). The new
+    RayJob waits for them: the kubelet serves an immutable ConfigMap from its cache for as long as
+    a pod that mounts it runs on the node, so a new pod mounting this job's config under the same
+    name would read the earlier job's, and an earlier trainer still running would write
+    checkpoints into the shared storage the new run resumes from."""
+
+    def __init__(self, pods: list[dict[str, Any]], uid: str) -> None:
+        self.pods = pods
+        meta = pods[0]["metadata"]
+        names = sorted(p["metadata"]["name"] for p in pods)
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        uids = sorted({str((p["metadata"].get("labels") or {}).get(JOB_UID_LABEL, "unknown")) for p in pods})
+        lingering = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        message = (
+            f"{len(pods)} pod(s) of an earlier LLMTrainingJob of this name (uid {', '.join(uids)}) "
+            f"are still there ({shown}); this job's Ray cluster starts once they are gone, so that it "
+            "never reads that job's config nor shares its checkpoints with a trainer still running"
+        )
+        if lingering:
+            selector = f"{JOB_LABEL}={meta['labels'][JOB_LABEL]},{JOB_UID_LABEL}!={uid}"
+            message += (
+                f"; {len(lingering)} of them are not being deleted (orphaned): "
+                f"kubectl delete pods -n {meta['namespace']} -l '{selector}'"
+            )
+        super().__init__(message)
+
+
+def earlier_pods(kube: Kube, rayjob: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Pods labelled with this job's name but not its uid (none: made before pods carried it)."""
+    meta = rayjob["metadata"]
+    uid = (meta.get("labels") or {}).get(JOB_UID_LABEL)
+    if not uid:
+        return []
+    selector = f"{JOB_LABEL}={meta['labels'][JOB_LABEL]},{JOB_UID_LABEL}!={uid}"
+    return kube.list_all(PODS, meta["namespace"], label_selector=selector)
 
 
 class ChildBeingReplaced(Exception):
@@ -374,6 +413,8 @@ def ensure_all(
     result = EnsureResult()
     for obj, existing in found:
         guard = before_rayjob_create if obj["kind"] == "RayJob" else None
+        if obj["kind"] == "RayJob" and existing is None and (pods := earlier_pods(kube, obj)):
+            raise EarlierPodsRemain(pods, str(_job_uid(obj)))
         stored = ensure(kube, obj, result, existing, guard, kueue_manages)
         if obj["kind"] == "RayJob":
             result.rayjob = stored

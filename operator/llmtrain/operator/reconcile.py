@@ -3,7 +3,8 @@ them, and report what happened (`reporting.report`).
 
 A finished job is never started again; an invalid spec or a child another owner holds fails the
 job; a creation the API refuses for now (quota, admission), or children an earlier job of this name
-left behind, wait with a growing delay. Each run holds the job's lock (`serial.JOB_LOCKS`), and the
+left behind, wait with a growing delay; pods an earlier job of this name left (terminating)
+hold the RayJob back until they are gone. Each run holds the job's lock (`serial.JOB_LOCKS`), and the
 job is read again just before its RayJob would be created: Kopf's copy may be older than a finish
 the mirror has written meanwhile.
 """
@@ -21,6 +22,7 @@ from llmtrain.operator import startup, workload
 from llmtrain.operator.children import (
     AuthDropped,
     ChildBeingReplaced,
+    EarlierPodsRemain,
     LeftByEarlierJob,
     OwnershipConflict,
     child_key,
@@ -45,6 +47,9 @@ from llmtrain.operator.status import (
     was_invalid,
 )
 from llmtrain.render import render
+
+# How often a job whose namesake's pods are still going looks again (their grace period is 30 s).
+EARLIER_PODS_DELAY = 5.0
 
 
 def reconcile(
@@ -109,6 +114,10 @@ def _reconcile(
     except ChildBeingReplaced as exc:
         logger.info(str(exc))
         raise kopf.TemporaryError(str(exc), delay=3) from exc
+    except EarlierPodsRemain as exc:  # terminating pods go within their grace period
+        logger.info(str(exc))
+        report(kube, body, None, Refused(str(exc), EARLIER_PODS_DELAY))
+        raise kopf.TemporaryError(str(exc), delay=EARLIER_PODS_DELAY) from exc
     except OwnershipConflict as exc:
         _fail(kube, body, "ChildConflict", str(exc))
         return
@@ -216,6 +225,9 @@ def recreate(kube: Kube, config: OperatorConfig, job: Mapping[str, Any], logger:
             kube, render(parsed, config.images), still_unfinished(kube, job), _kueue_manages(kube)
         )
     except JobStopped:
+        return
+    except EarlierPodsRemain as exc:  # the next resync pass looks again
+        logger.info(str(exc))
         return
     except AuthDropped as exc:
         _fail(kube, job, AUTH_UNSUPPORTED, str(exc))

@@ -16,6 +16,7 @@ from llmtrain.constants import (
     CONFIG_PATH,
     DEFAULT_TRAINER_IMAGE,
     JOB_LABEL,
+    JOB_UID_LABEL,
     KUEUE_PREFERRED_TOPOLOGY_ANNOTATION,
     KUEUE_PRIORITY_CLASS_LABEL,
     KUEUE_QUEUE_LABEL,
@@ -116,6 +117,9 @@ def _template_metadata(job: LLMTrainingJob, labels: dict[str, str]) -> dict[str,
     """The overlay's labels and annotations; the platform's labels last (the CRD refuses the
     overlay's keys under them anyway)."""
     overlay = job.spec.pod_template
+    if job.metadata.uid:
+        # Which incarnation of the job a pod belongs to: a namesake's job waits for these to go.
+        labels = {**labels, JOB_UID_LABEL: job.metadata.uid}
     meta: dict[str, Any] = {"labels": {**overlay.labels, **labels}}
     if overlay.annotations:
         meta["annotations"] = dict(overlay.annotations)

@@ -31,6 +31,8 @@ RELEASE = "llmtrain"
 OPERATOR_SA = "llmtrain-operator"
 # Short, so that tests of the level-triggered resync need not wait the default 120 s.
 RESYNC_SECONDS = 10
+# A test finalizer: an object outlives its deletion for as long as a test holds it.
+HOLD_FINALIZER = "llmtrain.dev/test-hold"
 CHART = REPO_ROOT / "charts" / "llmtrain"
 OPERATOR_USER = f"system:serviceaccount:{PLATFORM_NAMESPACE}:{OPERATOR_SA}"
 
