@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from llmtrain.constants import RAY_VERSION, SUPPORTED_RAY_VERSION_PATTERN
+
 VALUES_FILE = "charts/llmtrain/values.yaml"
 SCHEMA_FILE = "charts/llmtrain/values.schema.json"
 README_FILE = "charts/llmtrain/README.md"
@@ -157,6 +159,14 @@ VALUES: tuple[Entry, ...] = (
         "tag is not used.",
         "",
         {"allOf": [{"$ref": "#/definitions/imageDigest"}]},
+    ),
+    Value(
+        "trainerImage.rayVersion",
+        "The Ray version the default trainer image installs (`--trainer-ray-version`): every RayJob's "
+        "rayVersion unless its job names its own image and `spec.resources.rayVersion`. Set it with a "
+        "custom default image; the trainer fails a job whose Ray differs.",
+        RAY_VERSION,
+        {"type": "string", "pattern": SUPPORTED_RAY_VERSION_PATTERN},
     ),
     Value(
         "trainerImage.pullSecrets",

@@ -43,6 +43,10 @@ SUSPENDED_BY_USER_ANNOTATION = f"{API_GROUP}/suspended"
 # suspended the RayJob at creation, or a Workload of it exists. Kueue then owns `suspend` as for a
 # queued one; the operator marks it once found, so the status and later reconciles know.
 KUEUE_MANAGED_ANNOTATION = f"{API_GROUP}/kueue-managed"
+# On a Namespace (set by whoever may edit Namespaces, never the operator): the Secrets of that
+# namespace the operator's RayJobs may reference, comma-separated, or "*" for any. The containment
+# policy refuses a RayJob whose pods reference another (charts/llmtrain/templates/admission-policy.yaml).
+ALLOWED_SECRETS_ANNOTATION = f"{API_GROUP}/allowed-secrets"
 # Kueue's Workload of a job: the resource the operator patches, and the label naming the job's uid.
 KUEUE_WORKLOAD_PLURAL = "workloads"
 KUEUE_JOB_UID_LABEL = f"{KUEUE_GROUP}/job-uid"
@@ -81,6 +85,17 @@ LOCAL_RUNS_DIR = "llmtrain-runs"
 
 # What the product is built and tested against.
 RAY_VERSION = "2.60.0"  # the RayJob's rayVersion: the Ray the images install (constraints.txt)
+# The oldest Ray whose pods enforce Ray token authentication (RAY_AUTH_MODE): KubeRay refuses a
+# RayJob with authOptions mode token and a lower rayVersion (utils/validation.go, v1.7.0), and an older
+# Ray in the image would ignore the mode and leave its dashboard and job API open.
+MIN_RAY_VERSION = (2, 52, 0)
+# A Ray release X.Y.Z of MIN_RAY_VERSION or later (RE2, without backslashes: it goes into CEL literals).
+SUPPORTED_RAY_VERSION_PATTERN = (
+    r"^(([3-9]|[1-9][0-9]+)[.][0-9]+|2[.](5[2-9]|[6-9][0-9]|[1-9][0-9][0-9]+))[.][0-9]+$"
+)
+# On every Ray pod: the Ray version the RayJob declares (rayVersion), which the trainer's driver
+# compares with the Ray it imports (llmtrain_trainer/main.py).
+RAY_VERSION_ENV = "LLMTRAIN_RAY_VERSION"
 KUBERAY_VERSION = "1.7.0"  # the KubeRay operator release (its Helm chart version; tags add a "v")
 
 # The images.

@@ -3,8 +3,8 @@
 Its CEL runs here in the project's CEL engine, as the API server runs it (variables first, then
 every validation), on requests made of rendered children: whatever the renderer produces must be
 admitted, so a change to the renderer that the policy would refuse fails here, in `make test-fast`,
-before the cluster tier (tests/cluster/test_containment.py) meets it. `substring` (a Kubernetes CEL
-string extension) is supplied, the rest is standard CEL.
+before the cluster tier (tests/cluster/test_containment.py) meets it. `substring`, `split`, `trim`
+and `join` (Kubernetes CEL string extensions) are supplied, the rest is standard CEL.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 import cel
 import pytest
 from llmtrain.api.validation import parse_job
+from llmtrain.constants import ALLOWED_SECRETS_ANNOTATION, SUSPENDED_BY_USER_ANNOTATION
 from llmtrain.render import render
 
 from tests.chart.helm import NAMESPACE, find, one, render_set
@@ -29,7 +30,10 @@ RESOURCES = {
     "Role": ("rbac.authorization.k8s.io", "roles"),
     "RoleBinding": ("rbac.authorization.k8s.io", "rolebindings"),
     "RayJob": ("ray.io", "rayjobs"),
+    "Workload": ("kueue.x-k8s.io", "workloads"),
 }
+# The namespace every rendered child goes to lists the Secrets the JOBS below reference.
+ALLOWED = "hf, s, wandb"
 
 
 def policy(value_set: str = "default") -> Obj:
@@ -39,6 +43,9 @@ def policy(value_set: str = "default") -> Obj:
 def _context(bindings: dict[str, Any]) -> cel.Context:
     context = cel.Context(bindings)
     context.add_function("substring", lambda s, start, end: s[start:end])
+    context.add_function("split", lambda s, sep: s.split(sep))
+    context.add_function("trim", lambda s: s.strip())
+    context.add_function("join", lambda items, sep: sep.join(items))
     return context
 
 
@@ -54,9 +61,12 @@ def operator_user(spec: Obj) -> str:
     return expression[len(prefix) : -1]
 
 
-def judge(spec: Obj, operation: str, obj: Obj | None, old: Obj | None = None) -> list[str]:
+def judge(
+    spec: Obj, operation: str, obj: Obj | None, old: Obj | None = None, allowed: str | None = ALLOWED
+) -> list[str]:
     """The messages of the validations that refuse the request (an evaluation error refuses too:
-    the policy's failurePolicy is Fail)."""
+    the policy's failurePolicy is Fail). `allowed`: the namespace's allowed-secrets annotation
+    (None: it has none)."""
     target = obj or old
     assert target is not None
     group, resource = RESOURCES[target["kind"]]
@@ -68,7 +78,14 @@ def judge(spec: Obj, operation: str, obj: Obj | None, old: Obj | None = None) ->
         "name": target["metadata"]["name"],
         "userInfo": {"username": operator_user(spec)},
     }
-    bindings: dict[str, Any] = {"request": request, "object": obj, "oldObject": old}
+    annotations = {ALLOWED_SECRETS_ANNOTATION: allowed} if allowed is not None else {}
+    namespace = {"metadata": {"name": request["namespace"], "annotations": annotations}}
+    bindings: dict[str, Any] = {
+        "request": request,
+        "object": obj,
+        "oldObject": old,
+        "namespaceObject": namespace,
+    }
     assert all(_run(c["expression"], bindings) is True for c in spec["matchConditions"])
     variables: dict[str, Any] = {}
     for variable in spec["variables"]:
@@ -345,3 +362,166 @@ def test_an_init_container_is_held_to_the_same_clauses() -> None:
     init["securityContext"]["privileged"] = True
     worker["initContainers"] = [init]
     assert any(RESTRICTED in m for m in judge(spec, "CREATE", rayjob))
+
+
+# ------------------------------------------------------------------------- Secrets the pods reference
+
+SECRETS = "its pods may reference only the Secrets that namespace"
+
+
+def _secret_rayjob() -> Obj:
+    (rayjob,) = [copy.deepcopy(c) for c in rendered("train") if c["kind"] == "RayJob"]
+    return rayjob
+
+
+# Each way a pod can name a Secret whose data reaches it, naming `name`.
+REFERENCES: dict[str, Any] = {
+    "secret volume": lambda p, n: p.setdefault("volumes", []).append(
+        {"name": "x", "secret": {"secretName": n}}
+    ),
+    "projected volume": lambda p, n: p.setdefault("volumes", []).append(
+        {"name": "x", "projected": {"sources": [{"configMap": {"name": "c"}}, {"secret": {"name": n}}]}}
+    ),
+    "csi nodePublishSecretRef": lambda p, n: p.setdefault("volumes", []).append(
+        {"name": "x", "csi": {"driver": "secrets-store.csi.k8s.io", "nodePublishSecretRef": {"name": n}}}
+    ),
+    "env secretKeyRef": lambda p, n: p["containers"][0]["env"].append(
+        {"name": "X", "valueFrom": {"secretKeyRef": {"name": n, "key": "k"}}}
+    ),
+    "envFrom secretRef": lambda p, n: p["containers"][0].__setitem__("envFrom", [{"secretRef": {"name": n}}]),
+    "init container env": lambda p, n: p.__setitem__(
+        "initContainers",
+        [
+            {
+                "name": "i",
+                "image": "i",
+                "securityContext": {"allowPrivilegeEscalation": False},
+                "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": n, "key": "k"}}}],
+            }
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("group", ["head", "worker", "submitter"])
+@pytest.mark.parametrize("reference", sorted(REFERENCES))
+def test_a_pod_may_reference_only_the_secrets_its_namespace_lists(reference: str, group: str) -> None:
+    spec = policy()["spec"]
+    rayjob = _secret_rayjob()
+    pod = _pod(rayjob, group)
+    pod["containers"][0].setdefault("env", [])
+    REFERENCES[reference](pod, "wandb")
+    assert judge(spec, "CREATE", rayjob) == [], "a listed Secret"
+    assert judge(spec, "CREATE", rayjob, allowed="*") == [], "any Secret of the namespace"
+    for allowed in ("hf, s", None, ""):
+        refused = judge(spec, "CREATE", rayjob, allowed=allowed)
+        assert any(SECRETS in m for m in refused), f"{reference} on the {group}, {allowed!r}: {refused}"
+
+
+def test_the_refusal_names_the_annotation_and_its_list() -> None:
+    rayjob = _secret_rayjob()
+    REFERENCES["secret volume"](_pod(rayjob, "head"), "argocd-cluster")
+    (message,) = judge(policy()["spec"], "CREATE", rayjob, allowed=" hf ,s")
+    assert f"namespace team-a lists in its annotation {ALLOWED_SECRETS_ANNOTATION} (now: hf, s)" in message
+    (message,) = judge(policy()["spec"], "CREATE", rayjob, allowed=None)
+    assert "(now: none)" in message
+
+
+def test_a_running_jobs_rayjob_is_patched_after_its_namespace_list_shrank() -> None:
+    """The user's suspend reaches the RayJob; a patch that adds a reference is judged."""
+    spec = policy()["spec"]
+    (rayjob,) = [c for c in rendered("train", **JOBS["hf-token-and-placement"]) if c["kind"] == "RayJob"]
+    suspended = copy.deepcopy(rayjob)
+    suspended["spec"]["suspend"] = True
+    assert any(SECRETS in m for m in judge(spec, "CREATE", rayjob, allowed=None))
+    assert judge(spec, "UPDATE", suspended, rayjob, allowed=None) == []
+    widened = copy.deepcopy(suspended)
+    REFERENCES["secret volume"](_pod(widened, "worker"), "kube-root")
+    assert any(SECRETS in m for m in judge(spec, "UPDATE", widened, rayjob, allowed="hf"))
+
+
+# ------------------------------------------------------------------------------------ Kueue Workloads
+
+WORKLOAD = "the operator only (de)activates the Workload of a RayJob"
+
+
+def _workload() -> Obj:
+    """A Workload as Kueue makes it for a RayJob (the fields that matter here)."""
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {
+            "name": "rayjob-train-1a2b3",
+            "namespace": "team-a",
+            "labels": {"kueue.x-k8s.io/job-uid": "u1"},
+            "annotations": {"kueue.x-k8s.io/other": "x"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "ray.io/v1",
+                    "kind": "RayJob",
+                    "name": "train",
+                    "uid": "u1",
+                    "controller": True,
+                }
+            ],
+            "finalizers": ["kueue.x-k8s.io/resource-in-use"],
+        },
+        "spec": {
+            "active": True,
+            "queueName": "team-queue",
+            "podSets": [{"name": "head", "count": 1}],
+            "priority": 0,
+        },
+    }
+
+
+def _set_active(workload: Obj, active: bool) -> Obj:
+    """What operator/workload.py's merge patch makes of it."""
+    out = copy.deepcopy(workload)
+    out["spec"]["active"] = active
+    if active:
+        out["metadata"]["annotations"].pop(SUSPENDED_BY_USER_ANNOTATION, None)
+    else:
+        out["metadata"]["annotations"][SUSPENDED_BY_USER_ANNOTATION] = "true"
+    return out
+
+
+def test_the_operator_may_deactivate_and_reactivate_a_rayjobs_workload() -> None:
+    spec = policy()["spec"]
+    active = _workload()
+    inactive = _set_active(active, False)
+    assert judge(spec, "UPDATE", inactive, active) == []
+    assert judge(spec, "UPDATE", _set_active(inactive, True), inactive) == []
+
+
+WORKLOAD_CHANGES: dict[str, Any] = {
+    "queue": lambda w: w["spec"].__setitem__("queueName", "someone-elses"),
+    "podSets": lambda w: w["spec"]["podSets"][0].__setitem__("count", 64),
+    "priority dropped": lambda w: w["spec"].pop("priority"),
+    "priority": lambda w: w["spec"].__setitem__("priority", 1000000),
+    "label": lambda w: w["metadata"]["labels"].__setitem__("kueue.x-k8s.io/job-uid", "u2"),
+    "owner": lambda w: w["metadata"].__setitem__("ownerReferences", []),
+    "finalizer": lambda w: w["metadata"].__setitem__("finalizers", []),
+    "another annotation": lambda w: w["metadata"]["annotations"].__setitem__("kueue.x-k8s.io/other", "y"),
+    "mark other than true": lambda w: w["metadata"]["annotations"].__setitem__(
+        SUSPENDED_BY_USER_ANNOTATION, "x"
+    ),
+}
+
+
+@pytest.mark.parametrize("change", sorted(WORKLOAD_CHANGES))
+def test_a_workload_change_beyond_active_is_refused(change: str) -> None:
+    spec = policy()["spec"]
+    active = _workload()
+    changed = _set_active(active, False)
+    WORKLOAD_CHANGES[change](changed)
+    assert any(WORKLOAD in m for m in judge(spec, "UPDATE", changed, active)), change
+
+
+def test_only_a_rayjobs_workload_is_touched_and_none_made_or_deleted() -> None:
+    spec = policy()["spec"]
+    theirs = _workload()
+    theirs["metadata"]["ownerReferences"][0].update(apiVersion="batch/v1", kind="Job")
+    assert any(WORKLOAD in m for m in judge(spec, "UPDATE", _set_active(theirs, False), theirs))
+    assert any(WORKLOAD in m for m in judge(spec, "CREATE", _workload()))
+    assert any("never deletes" in m for m in judge(spec, "DELETE", None, _workload()))

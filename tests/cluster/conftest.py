@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from llmtrain.constants import ALLOWED_SECRETS_ANNOTATION
 
 from tests.support.cluster.cluster import Cluster
 from tests.support.cluster.steps import (
@@ -88,6 +89,9 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
                         "pod-security.kubernetes.io/enforce": "restricted",
                         "pod-security.kubernetes.io/warn": "restricted",
                     },
+                    # Its jobs may reference any of its Secrets (the containment policy's default is
+                    # none; tests/cluster/test_containment.py covers the list).
+                    "annotations": {ALLOWED_SECRETS_ANNOTATION: "*"},
                 },
             }
         ]

@@ -19,7 +19,16 @@ from typing import Any
 import pytest
 import yaml
 from llmtrain.api.validation import parse_job
-from llmtrain.constants import JOB_LABEL, MANAGED_BY_LABEL
+from llmtrain.constants import (
+    ALLOWED_SECRETS_ANNOTATION,
+    JOB_LABEL,
+    KUEUE_GROUP,
+    KUEUE_JOB_UID_LABEL,
+    KUEUE_WORKLOAD_PLURAL,
+    MANAGED_BY_LABEL,
+    SUSPENDED_BY_USER_ANNOTATION,
+)
+from llmtrain.operator.kube import ApiError, Kube, Resource
 from llmtrain.render import render
 
 from tests.support.cluster.cluster import Cluster
@@ -32,6 +41,7 @@ from tests.support.cluster.steps import (
     clear_outcome,
     cpu_job,
     end_ray_job,
+    get,
     helm,
     wait_for,
     wait_phase,
@@ -185,6 +195,21 @@ def _attach(rayjob: dict[str, Any]) -> None:
 def _foreign_account(rayjob: dict[str, Any]) -> None:
     _head(rayjob)["serviceAccountName"] = "default"
     _worker(rayjob)["serviceAccountName"] = "default"
+
+
+def _secret_volume(name: str) -> Callable[[dict[str, Any]], None]:
+    def change(rayjob: dict[str, Any]) -> None:
+        _worker(rayjob)["volumes"].append({"name": "loot", "secret": {"secretName": name}})
+
+    return change
+
+
+def _secret_env(name: str) -> Callable[[dict[str, Any]], None]:
+    def change(rayjob: dict[str, Any]) -> None:
+        ref = {"secretKeyRef": {"name": name, "key": "token"}}
+        _head(rayjob)["containers"][0]["env"].append({"name": "LOOT", "valueFrom": ref})
+
+    return change
 
 
 def _cluster_role(name: str) -> dict[str, str]:
@@ -358,6 +383,18 @@ ATTEMPTS = [
         _rayjob(lambda r: _capabilities(_head(r)["containers"][0], "IPC_LOCK")),
         f"refused to write RayJob {{ns}}/evil: {CAPABILITIES}",
     ),
+    # The namespace lists no Secret (no llmtrain.dev/allowed-secrets annotation).
+    Attempt(
+        "rayjob-mounting-a-secret-its-namespace-does-not-list",
+        _rayjob(_secret_volume("argocd-cluster-credentials")),
+        "refused to write RayJob {ns}/evil: its pods may reference only the Secrets that namespace {ns} "
+        f"lists in its annotation {ALLOWED_SECRETS_ANNOTATION} (now: none)",
+    ),
+    Attempt(
+        "rayjob-reading-a-secret-its-namespace-does-not-list-into-env",
+        _rayjob(_secret_env("legacy-admin-token")),
+        "refused to write RayJob {ns}/evil: its pods may reference only the Secrets",
+    ),
     Attempt(
         "rayjob-attaching-to-an-existing-ray-cluster",
         _rayjob(_attach),
@@ -430,6 +467,103 @@ def test_what_the_operator_renders_is_admitted(cluster: Cluster, contained: str)
     for write in writes:
         result = write(cluster, contained)
         assert result.returncode == 0, result.stderr
+
+
+def test_the_secrets_its_namespace_lists_are_admitted_and_no_others(cluster: Cluster, contained: str) -> None:
+    """The API server reads the list from the Namespace (namespaceObject): a job whose spec names a
+    listed Secret gets its RayJob; an unlisted one is refused; once the list shrinks, a patch that
+    leaves the pods alone (the user's suspend) still goes through."""
+    listed = f"{contained}-listed"
+    annotations = {ALLOWED_SECRETS_ANNOTATION: "wandb, hf-token"}
+    cluster.apply(
+        [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": listed, "annotations": annotations}}]
+    )
+    try:
+        doc = cpu_job("hf", listed, suspend=True)
+        doc["spec"]["model"]["hfTokenSecretRef"] = {"name": "hf-token", "key": "token"}
+        rendered = {obj["kind"]: obj for obj in render(parse_job(doc))}
+        for obj in rendered.values():
+            result = create(cluster, listed, obj)
+            assert result.returncode == 0, f"{obj['kind']}: {result.stderr}"
+        other = cpu_job("hf2", listed, suspend=True)
+        other["spec"]["model"]["hfTokenSecretRef"] = {"name": "hf-token-of-another-team", "key": "token"}
+        unlisted = next(o for o in render(parse_job(other)) if o["kind"] == "RayJob")
+        result = create(cluster, listed, unlisted)
+        assert result.returncode != 0 and POLICY in result.stderr, result.stderr
+        assert "(now: wandb, hf-token)" in result.stderr, result.stderr
+        cluster.kubectl("annotate", "namespace", listed, f"{ALLOWED_SECRETS_ANNOTATION}-")
+        wait_for(
+            lambda: (
+                create(cluster, listed, rendered["RayJob"], "--dry-run=server").returncode != 0
+                and "(now: none)" in create(cluster, listed, rendered["RayJob"], "--dry-run=server").stderr
+            ),
+            what="the shrunk list in force",
+        )
+        result = _patch("rayjob", "hf", {"spec": {"ttlSecondsAfterFinished": 60}})(cluster, listed)
+        assert result.returncode == 0, result.stderr
+        env_from = [
+            {
+                "op": "add",
+                "path": "/spec/submitterPodTemplate/spec/containers/0/envFrom",
+                "value": [{"secretRef": {"name": "hf-token"}}],
+            }
+        ]
+        result = as_operator(
+            cluster, "patch", "rayjob", "hf", "-n", listed, "--type=json", "-p", json.dumps(env_from)
+        )
+        assert result.returncode != 0 and "may reference only the Secrets" in result.stderr, result.stderr
+    finally:
+        cluster.kubectl("delete", "namespace", listed, "--wait=false", check=False)
+
+
+def _operator_kube(cluster: Cluster) -> Kube:
+    """The operator's own client, as its ServiceAccount (impersonated): a bare PATCH, as the
+    operator sends it (kubectl would GET first, which its RBAC does not allow on Workloads)."""
+    from kubernetes import config as k8s_config
+
+    api = k8s_config.new_client_from_config(str(cluster.kubeconfig))  # type: ignore[no-untyped-call]
+    api.set_default_header("Impersonate-User", OPERATOR_USER)
+    return Kube(api)
+
+
+def test_of_a_workload_the_operator_changes_only_spec_active(cluster: Cluster, contained: str) -> None:
+    """Kueue's Workload of a queued RayJob: the operator's (de)activation is admitted, the same
+    patch with any other change is refused by the policy (its RBAC allows every one of them)."""
+    create_children(cluster, contained, "wl", queue="team-queue")
+    rayjob = get(cluster, "rayjob", "wl", contained)
+    assert rayjob is not None
+    selector = f"{KUEUE_JOB_UID_LABEL}={rayjob['metadata']['uid']}"
+    workloads = wait_for(
+        lambda: json.loads(
+            cluster.kubectl("get", "workloads", "-n", contained, "-l", selector, "-o", "json").stdout
+        )["items"],
+        what="Kueue's Workload of the RayJob",
+    )
+    name = workloads[0]["metadata"]["name"]
+    resource = Resource(KUEUE_GROUP, workloads[0]["apiVersion"].split("/")[1], KUEUE_WORKLOAD_PLURAL)
+    kube = _operator_kube(cluster)
+    mark = {SUSPENDED_BY_USER_ANNOTATION: "true"}
+    refused = {
+        "queue": {"metadata": {"annotations": mark}, "spec": {"active": False, "queueName": "other"}},
+        "label": {
+            "metadata": {"annotations": mark, "labels": {KUEUE_JOB_UID_LABEL: "u2"}},
+            "spec": {"active": False},
+        },
+        "annotation": {
+            "metadata": {"annotations": {**mark, "kueue.x-k8s.io/x": "y"}},
+            "spec": {"active": False},
+        },
+    }
+    for what, patch in refused.items():
+        with pytest.raises(ApiError) as caught:
+            kube.merge_patch(resource, contained, name, patch)
+        message = str(caught.value)
+        assert POLICY in message and "only (de)activates the Workload of a RayJob" in message, (what, message)
+    kube.merge_patch(
+        resource, contained, name, {"metadata": {"annotations": mark}, "spec": {"active": False}}
+    )
+    back = {"metadata": {"annotations": {SUSPENDED_BY_USER_ANNOTATION: None}}, "spec": {"active": True}}
+    assert kube.merge_patch(resource, contained, name, back)["spec"]["active"] is True
 
 
 def _policy_refusals(cluster: Cluster) -> list[str]:

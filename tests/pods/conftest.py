@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from llmtrain.constants import ALLOWED_SECRETS_ANNOTATION
 
 from hack import images as built
 from tests.support.cluster import images, node
@@ -39,7 +40,9 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:6]
     name = f"p-{request.node.name[:40].lower().replace('_', '-')}"[:50].strip("-") + f"-{digest}"
     labels = {f"pod-security.kubernetes.io/{m}": "restricted" for m in ("enforce", "warn")}
-    cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}])
+    # Its jobs may reference any of its Secrets (the containment policy's default is none).
+    meta = {"name": name, "labels": labels, "annotations": {ALLOWED_SECRETS_ANNOTATION: "*"}}
+    cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": meta}])
     # ServiceAccount admission refuses pods until the controller-manager made the default account.
     wait_for(
         lambda: cluster.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,

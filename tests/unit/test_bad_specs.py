@@ -396,6 +396,20 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
         True,
     ),
     ("image-with-a-space", spec("resources", {"image": "trainer:latest build"}), "resources.image", True),
+    # KubeRay refuses token authentication below Ray 2.52, and older Ray would ignore it.
+    (
+        "ray-version-below-token-auth",
+        spec("resources", {"image": "r/trainer:1", "rayVersion": "2.51.9"}),
+        "resources.rayVersion",
+        True,
+    ),
+    (
+        "ray-version-not-a-release",
+        spec("resources", {"image": "r/trainer:1", "rayVersion": "2.60"}),
+        "resources.rayVersion",
+        True,
+    ),
+    ("ray-version-without-image", spec("resources", {"rayVersion": "2.60.0"}), "resources.rayVersion", True),
     (
         "dataset-path-escapes-the-storage",
         spec("dataset", {"path": "../other-team/data.jsonl"}),

@@ -73,6 +73,7 @@ def test_flags_reach_the_configuration() -> None:
         "--log-level=debug",
         "--log-format=plain",
         "--trainer-image=r/t:1",
+        "--trainer-ray-version=2.61.1",
         "--image-pull-secret=s",
     )
     assert (built.namespaces, built.workers, built.resync_seconds) == (("a", "b"), 4, 30.0)
@@ -83,10 +84,17 @@ def test_flags_reach_the_configuration() -> None:
         "plain",
     )
     assert (built.images.trainer_image, built.images.pull_secrets) == ("r/t:1", ("s",))
+    assert built.images.ray_version == "2.61.1"
 
 
 @pytest.mark.parametrize(
-    ("flag", "named"), [("--workers=0", "--workers"), ("--resync-seconds=0", "--resync-seconds")]
+    ("flag", "named"),
+    [
+        ("--workers=0", "--workers"),
+        ("--resync-seconds=0", "--resync-seconds"),
+        ("--trainer-ray-version=2.51.0", "--trainer-ray-version"),  # below Ray token auth
+        ("--trainer-ray-version=latest", "--trainer-ray-version"),
+    ],
 )
 def test_a_value_that_cannot_run_names_its_flag(flag: str, named: str) -> None:
     with pytest.raises(config.ConfigError, match=named):

@@ -396,9 +396,15 @@ def test_an_unmarked_object_without_a_controller_is_never_adopted() -> None:
     with pytest.raises(OwnershipConflict, match="was not created by llmtrain"):
         ensure_all(users, [desired])  # type: ignore[arg-type]
     assert not users.patched
+    # Ours but without an owner reference: only a claim is given one (that needs `delete` on it
+    # under OwnerReferencesPermissionEnforcement, granted on claims alone); anything else is named.
     ours = Kube(_cm({"k": "old"}, labels=marks, owners=[]))
-    result = ensure_all(ours, [desired])  # type: ignore[arg-type]
-    assert ours.patched and result.adopted == ["ConfigMap/c"]
+    with pytest.raises(OwnershipConflict, match="kubectl delete configmaps c -n"):
+        ensure_all(ours, [desired])  # type: ignore[arg-type]
+    assert not ours.patched
+    claim = Kube({**_cm({}, labels=marks, owners=[]), "kind": "PersistentVolumeClaim"})
+    result = ensure_all(claim, [{**desired, "kind": "PersistentVolumeClaim"}])  # type: ignore[arg-type]
+    assert claim.patched and result.adopted == ["PersistentVolumeClaim/c"]
 
 
 class _Store:

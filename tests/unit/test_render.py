@@ -12,7 +12,7 @@ import pytest
 from llmtrain.api.job import LLMTrainingJob
 from llmtrain.api.trainer_config import TrainerConfig
 from llmtrain.api.validation import parse_job
-from llmtrain.constants import CONFIG_FILENAME, MAX_NAME_LENGTH
+from llmtrain.constants import CONFIG_FILENAME, MAX_NAME_LENGTH, RAY_VERSION, RAY_VERSION_ENV
 from llmtrain.render import ImageSettings, render
 from llmtrain.render.names import child_name
 from llmtrain.render.network import PROFILES
@@ -629,3 +629,29 @@ def test_every_run_takes_the_specs_count_of_training_processes(
     assert (local.num_workers, local.devices_per_worker) == (processes, per_pod)
     on_cpu = local_trainer_config(job, tmp_path, tmp_path, use_gpu=False).scaling
     assert (on_cpu.num_workers, on_cpu.devices_per_worker, on_cpu.use_gpu) == (workers, 1, False)
+
+
+def _ray_version_of(doc: dict[str, Any], images: ImageSettings | None = None) -> tuple[str, set[str]]:
+    """The RayJob's rayVersion, and the LLMTRAIN_RAY_VERSION of its head and worker containers."""
+    (rayjob,) = [o for o in render(parse_job(doc), images or ImageSettings()) if o["kind"] == "RayJob"]
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    pods = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    env = {
+        e["value"]
+        for p in pods
+        for c in p["template"]["spec"]["containers"]
+        for e in c["env"]
+        if e["name"] == RAY_VERSION_ENV
+    }
+    return cluster["rayVersion"], env
+
+
+def test_ray_version_follows_the_image() -> None:
+    """The operator's default image's Ray (--trainer-ray-version), unless the job names its own image
+    and that image's Ray; every Ray pod is told which, for the trainer's check."""
+    assert _ray_version_of(minimal_job()) == (RAY_VERSION, {RAY_VERSION})
+    assert _ray_version_of(minimal_job(), ImageSettings(ray_version="2.61.1")) == ("2.61.1", {"2.61.1"})
+    custom = with_path(minimal_job(), "spec.resources.image", "r/trainer:mine")
+    assert _ray_version_of(custom, ImageSettings(ray_version="2.61.1")) == ("2.61.1", {"2.61.1"})
+    own = with_path(custom, "spec.resources.rayVersion", "2.53.0")
+    assert _ray_version_of(own, ImageSettings(ray_version="2.61.1")) == ("2.53.0", {"2.53.0"})

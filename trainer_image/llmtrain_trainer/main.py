@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from llmtrain.api.trainer_config import TrainerConfig
+from llmtrain.constants import RAY_VERSION_ENV
 
 from llmtrain_trainer.config import DEFAULT_CONFIG_PATH, ConfigError, load_current_config
 from llmtrain_trainer.kube_progress import report_failure
 from llmtrain_trainer.lifecycle import LoopOptions
 from llmtrain_trainer.loop import loop_config, train_loop_per_worker
 from llmtrain_trainer.preflight import PreflightError, check
+from llmtrain_trainer.ray_version import RayVersionMismatch, check_ray_version
 from llmtrain_trainer.weights import with_model_folder
 
 log = logging.getLogger("llmtrain_trainer")
@@ -130,6 +133,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import ray
 
+    try:
+        if warning := check_ray_version(os.environ.get(RAY_VERSION_ENV), ray.__version__):
+            log.warning("%s", warning)
+    except RayVersionMismatch as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        report_failure(config, str(exc))  # in the job status, with the field to fix
+        return 2
     if not ray.is_initialized():
         ray.init()  # joins the cluster named by RAY_ADDRESS (the RayJob's), else starts a local one
     log.info("run %s: %d workers, storage %s", config.run_name, config.scaling.num_workers, config.run_dir)

@@ -134,6 +134,8 @@ plus `get` on Secrets when rbac.readSecrets is true.
 - {{ .Values.logFormat | quote }}
 - --trainer-image
 - {{ include "llmtrain.image" (dict "image" .Values.trainerImage "root" .) | quote }}
+- --trainer-ray-version
+- {{ .Values.trainerImage.rayVersion | quote }}
 {{- range .Values.trainerImage.pullSecrets }}
 - --image-pull-secret
 - {{ . | quote }}

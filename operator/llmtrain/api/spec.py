@@ -29,7 +29,12 @@ from llmtrain.api.base import (
 from llmtrain.api.pod_template import PodTemplateOverlay
 from llmtrain.api.tracking import TrackingSpec
 from llmtrain.api.trainer_spec import HF_SEED_UNSUPPORTED, TrainerSpec
-from llmtrain.constants import CONFIG_DIR, DEFAULT_MOUNT_PATH
+from llmtrain.constants import (
+    CONFIG_DIR,
+    DEFAULT_MOUNT_PATH,
+    MIN_RAY_VERSION,
+    SUPPORTED_RAY_VERSION_PATTERN,
+)
 from llmtrain.quantity import parse_quantity
 
 Quantity = Annotated[str, Field(max_length=64)]
@@ -446,6 +451,19 @@ class ResourcesSpec(ApiModel):
                     "and training waits forever",
                     ".gpuResourceName",
                 ),
+                cel(
+                    "!has(self.rayVersion) || has(self.image)",
+                    "resources.rayVersion is the Ray version of resources.image: set the image too, or "
+                    "drop rayVersion (the operator's default image has its own, --trainer-ray-version)",
+                    ".rayVersion",
+                ),
+                cel(
+                    f"!has(self.rayVersion) || self.rayVersion.matches('{SUPPORTED_RAY_VERSION_PATTERN}')",
+                    "resources.rayVersion must be the image's Ray release as X.Y.Z, "
+                    f"{'.'.join(map(str, MIN_RAY_VERSION))} or later: older Ray ignores the token "
+                    "authentication every job's Ray cluster runs with, and KubeRay refuses it",
+                    ".rayVersion",
+                ),
             ]
         }
     )
@@ -543,6 +561,13 @@ class ResourcesSpec(ApiModel):
         default=None,
         description="Trainer image override ([registry/]path[:tag][@digest]); defaults to the operator's "
         "configured image.",
+    )
+    ray_version: Annotated[str, Field(max_length=32)] | None = Field(
+        default=None,
+        description="The Ray version `image` installs (X.Y.Z, at least "
+        f"{'.'.join(map(str, MIN_RAY_VERSION))}): the RayJob's rayVersion, which KubeRay gates features "
+        "on, and what the trainer checks its Ray against. Unset: the operator's default image's "
+        "(--trainer-ray-version).",
     )
 
     @property

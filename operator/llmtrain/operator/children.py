@@ -50,6 +50,11 @@ _PLURALS = {
     "RayJob": "rayjobs",
 }
 PODS = RESOURCES[("v1", "Pod")]
+# The only kind whose existing objects the operator gives an owner reference: the claim, whose data
+# `kubectl delete --cascade=orphan` keeps for a later job of the name. Changing an object's owner
+# references needs `delete` on it under OwnerReferencesPermissionEnforcement (permissions.ADOPT), a
+# right granted on claims alone.
+ADOPTED_KINDS = ("PersistentVolumeClaim",)
 # The RayJob spec fields that may change after creation (see the CRD's immutability rules).
 RAYJOB_MUTABLE = (
     "suspend",
@@ -305,6 +310,13 @@ def _claim(desired: dict[str, Any], existing: dict[str, Any]) -> None:
             "llmtrain never takes over an object it did not create: rename the LLMTrainingJob, or "
             "delete or rename that object"
         )
+    if holder is None and owner is not None and desired["kind"] not in ADOPTED_KINDS:
+        raise OwnershipConflict(
+            f"{child_key(desired)} carries this job's labels but no owner reference (removed by hand?): "
+            "llmtrain gives an owner reference to an existing claim only, so the garbage collector "
+            "would never delete it with the job. Delete it, then the job, and apply the job again: "
+            f"kubectl delete {_PLURALS[desired['kind']]} {meta['name']} -n {meta['namespace']}"
+        )
 
 
 def ensure(
@@ -346,9 +358,9 @@ def ensure(
                 raise ApiError(
                     409, "Conflict", f"{child_key(desired)} conflicted on create but is not there"
                 ) from err
-    _claim(desired, existing)
     if _left_by_earlier_job(desired, existing):
         raise LeftByEarlierJob([existing], str(_job_uid(desired)))
+    _claim(desired, existing)
     managed = (
         desired["kind"] == "RayJob"
         and kueue_manages is not None

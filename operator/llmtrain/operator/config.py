@@ -11,13 +11,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import socket
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from llmtrain.constants import OPERATOR_NAME
+from llmtrain.constants import (
+    MIN_RAY_VERSION,
+    OPERATOR_NAME,
+    RAY_VERSION,
+    SUPPORTED_RAY_VERSION_PATTERN,
+)
 from llmtrain.render import ImageSettings
 
 DEFAULT_WORKERS = 16
@@ -133,6 +139,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="json")
     parser.add_argument("--trainer-image", help="default trainer image for jobs that set none")
     parser.add_argument(
+        "--trainer-ray-version",
+        default=RAY_VERSION,
+        help="the Ray version the default trainer image installs (the RayJob's rayVersion; a job with "
+        "its own image names its own in spec.resources.rayVersion)",
+    )
+    parser.add_argument(
         "--image-pull-secret",
         action="append",
         default=[],
@@ -169,7 +181,12 @@ def from_args(args: argparse.Namespace) -> OperatorConfig:
         raise ConfigError("--resync-seconds must be positive")
     if args.startup_look_seconds <= 0:
         raise ConfigError("--startup-look-seconds must be positive")
-    images = ImageSettings(pull_secrets=tuple(args.image_pull_secret))
+    if not re.match(SUPPORTED_RAY_VERSION_PATTERN, args.trainer_ray_version):
+        raise ConfigError(
+            f"--trainer-ray-version {args.trainer_ray_version!r} must be the default trainer image's Ray "
+            f"release as X.Y.Z, {'.'.join(map(str, MIN_RAY_VERSION))} or later (Ray token authentication)"
+        )
+    images = ImageSettings(pull_secrets=tuple(args.image_pull_secret), ray_version=args.trainer_ray_version)
     if args.trainer_image:
         images = dataclasses.replace(images, trainer_image=args.trainer_image)
     return OperatorConfig(

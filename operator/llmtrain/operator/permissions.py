@@ -32,10 +32,13 @@ class Permission:
         return {"apiGroups": [self.api_group], "resources": [self.resource], "verbs": verbs}
 
 
-# OwnerReferencesPermissionEnforcement (on in OpenShift and hardened clusters) refuses to set an owner
-# reference on an existing object unless the client may delete that object: adopting a child left
-# behind by `kubectl delete --cascade=orphan` needs `delete` on its kind. Setting blockOwnerDeletion
-# needs `update` on the owner's finalizers.
+# OwnerReferencesPermissionEnforcement (on in OpenShift and hardened clusters; kube-apiserver's
+# plugin/pkg/admission/gc) judges only writes that change ownerReferences. A create may set them
+# freely; an update or patch that changes them needs `delete` on that very object. Setting
+# blockOwnerDeletion (on create too) needs `update` on the owner's `finalizers`. The operator changes
+# the owner references of an existing object in one case only: it adopts the claim an earlier job of
+# the name left behind (`kubectl delete --cascade=orphan` keeps the data), so `delete` is granted on
+# claims alone (children.ADOPTED_KINDS); the containment policy refuses every real DELETE.
 ADOPT = ("delete",)
 
 
@@ -49,13 +52,14 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
     Permission(API_GROUP, f"{PLURAL}/status", ("patch",)),
     Permission(API_GROUP, f"{PLURAL}/finalizers", (), admission_only=("update",)),
     # The RayJob: created, adopted, kept in sync (suspend, deadlines), watched for status.
-    Permission(RAY_API_GROUP, RAYJOB_PLURAL, ("get", "list", "watch", "create", "patch"), ADOPT),
-    # Children rendered per job: created, or adopted (owner reference patched in) and re-synced.
-    Permission("", "configmaps", ("get", "create", "patch"), ADOPT),
+    Permission(RAY_API_GROUP, RAYJOB_PLURAL, ("get", "list", "watch", "create", "patch")),
+    # Children rendered per job: created, or re-synced; a claim may also be adopted (owner
+    # reference patched in).
+    Permission("", "configmaps", ("get", "create", "patch")),
     Permission("", "persistentvolumeclaims", ("get", "create", "patch"), ADOPT),
-    Permission("", "serviceaccounts", ("get", "create", "patch"), ADOPT),
-    Permission("rbac.authorization.k8s.io", "roles", ("get", "create", "patch"), ADOPT),
-    Permission("rbac.authorization.k8s.io", "rolebindings", ("get", "create", "patch"), ADOPT),
+    Permission("", "serviceaccounts", ("get", "create", "patch")),
+    Permission("rbac.authorization.k8s.io", "roles", ("get", "create", "patch")),
+    Permission("rbac.authorization.k8s.io", "rolebindings", ("get", "create", "patch")),
     # A queued job's runPolicy.suspend: its Kueue Workload (de)activated, found by the RayJob's uid.
     Permission(KUEUE_GROUP, KUEUE_WORKLOAD_PLURAL, ("list", "patch")),
     # Kubernetes Events on phase transitions and errors; a starting job's Warning Events (and its

@@ -23,6 +23,7 @@ from llmtrain.constants import (
     KUEUE_REQUIRED_TOPOLOGY_ANNOTATION,
     RAY_GROUP_VERSION,
     RAY_VERSION,
+    RAY_VERSION_ENV,
     RAYJOB_KIND,
     ROLE_LABEL,
     SUSPENDED_BY_USER_ANNOTATION,
@@ -65,7 +66,14 @@ CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
 }
 
 
-def _env(job: LLMTrainingJob, uses_gpu: bool) -> list[dict[str, Any]]:
+def ray_version(job: LLMTrainingJob, images: ImageSettings) -> str:
+    """The Ray the job's pods run: the spec's for its own image, else the operator's default image's.
+    KubeRay gates features on it (token authentication needs 2.52), so it must be the image's."""
+    res = job.spec.resources
+    return res.ray_version if res.image and res.ray_version else images.ray_version
+
+
+def _env(job: LLMTrainingJob, images: ImageSettings, uses_gpu: bool) -> list[dict[str, Any]]:
     spec = job.spec
     env: list[dict[str, Any]] = [
         {"name": "LLMTRAIN_JOB_NAME", "value": job.metadata.name},
@@ -75,6 +83,8 @@ def _env(job: LLMTrainingJob, uses_gpu: bool) -> list[dict[str, Any]]:
     ]
     if job.metadata.uid:  # the trainer waits until its mounted config is this incarnation's
         env.append({"name": "LLMTRAIN_JOB_UID", "value": job.metadata.uid})
+    # The trainer's driver compares it with the Ray it imports (a custom image's may differ).
+    env.append({"name": RAY_VERSION_ENV, "value": ray_version(job, images)})
     if not uses_gpu:
         env.append({"name": "DS_ACCELERATOR", "value": "cpu"})
     secrets = {"HF_TOKEN": spec.model.hf_token_secret_ref}
@@ -160,7 +170,7 @@ def _container(
         "name": name,
         "image": job.spec.resources.image or images.trainer_image,
         "imagePullPolicy": images.image_pull_policy,
-        "env": _env(job, uses_gpu),
+        "env": _env(job, images, uses_gpu),
         "resources": {"requests": dict(resources), "limits": dict(resources)},
         "volumeMounts": _mounts(job),
         "securityContext": CONTAINER_SECURITY_CONTEXT,
@@ -318,7 +328,7 @@ def render_rayjob(job: LLMTrainingJob, images: ImageSettings) -> dict[str, Any]:
         "submitterConfig": {"backoffLimit": SUBMITTER_BACKOFF_LIMIT},
         "submitterPodTemplate": _submitter_template(job, images),
         "rayClusterSpec": {
-            "rayVersion": images.ray_version,
+            "rayVersion": ray_version(job, images),
             # Ray's dashboard and job API refuse requests without the cluster's token; KubeRay
             # makes a per-cluster Secret (owned by the RayCluster) and injects it into every pod.
             "authOptions": {"mode": "token"},
