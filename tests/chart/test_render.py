@@ -15,6 +15,7 @@ from llmtrain.constants import (
     DEFAULT_TRAINER_IMAGE,
     KUBERAY_VERSION,
     OPERATOR_IMAGE_REPOSITORY,
+    RAY_VERSION,
     VERSION,
 )
 
@@ -188,6 +189,8 @@ def test_default_rendering() -> None:
         "json",
         "--trainer-image",
         DEFAULT_TRAINER_IMAGE,
+        "--trainer-ray-version",
+        RAY_VERSION,
         "--leader-elect",
         "--leader-election-name",
         "llmtrain-operator",
@@ -470,3 +473,8 @@ def test_trainer_pull_secrets_become_operator_flags() -> None:
     flags = [args[i + 1] for i, a in enumerate(args) if a == "--image-pull-secret"]
     assert flags == ["registry", "mirror"]
     assert "--image-pull-secret" not in operator_container(render({}))["args"]
+
+
+def test_the_default_images_ray_version_becomes_the_operator_flag() -> None:
+    args = operator_container(render({"trainerImage": {"rayVersion": "2.61.1"}}))["args"]
+    assert args[args.index("--trainer-ray-version") + 1] == "2.61.1"

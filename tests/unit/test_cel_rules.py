@@ -241,6 +241,17 @@ CASES.update(
                 None,
             ),
         ],
+        _rule("resources.rayVersion is the Ray version of resources.image"): [
+            ({"image": "r/t:1", "rayVersion": "2.60.0"}, {"rayVersion": "2.60.0"}, None),
+            ({"image": "r/t:1"}, {"cpu": "1", "rayVersion": "2.52.0"}, None),
+        ],
+        _rule("resources.rayVersion must be the image's Ray release"): [
+            ({"image": "r/t:1", "rayVersion": "2.52.0"}, {"image": "r/t:1", "rayVersion": "2.51.9"}, None),
+            ({"image": "r/t:1", "rayVersion": "2.100.3"}, {"image": "r/t:1", "rayVersion": "2.5.0"}, None),
+            ({"image": "r/t:1", "rayVersion": "3.0.0"}, {"image": "r/t:1", "rayVersion": "1.99.0"}, None),
+            ({"image": "r/t:1", "rayVersion": "10.1.0"}, {"image": "r/t:1", "rayVersion": "2.60"}, None),
+            ({"image": "r/t:1"}, {"image": "r/t:1", "rayVersion": "2.60.0-rc1"}, None),
+        ],
         _rule("resources.nodeSelector keys must be valid"): [({"pool": "a"}, {"bad key": "a"}, None)],
         _rule("storage.mountPath cannot be"): [
             ({"mountPath": "/mnt/data"}, {"mountPath": "/dev/shm"}, None),
