@@ -50,6 +50,8 @@ from tests.support.cluster.steps import (
 POLICY = f"ValidatingAdmissionPolicy '{RELEASE}-operator'"
 CAPABILITIES = "its pods add no capabilities, except IPC_LOCK alone on a worker container"
 RBAC_ESCALATION = "is attempting to grant RBAC permissions not currently held"
+# `delete` is granted on claims alone (OwnerReferencesPermissionEnforcement, for adopting one).
+RBAC_NO_DELETE = 'cannot delete resource "configmaps"'
 NAMESPACE = "t-containment"
 
 
@@ -102,7 +104,7 @@ class Attempt:
 
     @property
     def policy_only(self) -> bool:
-        return self.refused_by != RBAC_ESCALATION
+        return self.refused_by not in (RBAC_ESCALATION, RBAC_NO_DELETE)
 
 
 def _with(doc: dict[str, Any], change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
@@ -258,15 +260,13 @@ ATTEMPTS = [
         _patch("configmap", "theirs", {"metadata": {"labels": {MANAGED_BY_LABEL: "llmtrain-operator"}}}),
         "refused to change ConfigMap {ns}/theirs: it is not the operator's",
     ),
+    Attempt("delete-a-users-configmap", _delete("configmap", "theirs"), RBAC_NO_DELETE),
+    Attempt("delete-its-own-configmap", _delete("configmap", "mine-config"), RBAC_NO_DELETE),
+    # Claims it may delete by RBAC (to adopt one under OwnerReferencesPermissionEnforcement).
     Attempt(
-        "delete-a-users-configmap",
-        _delete("configmap", "theirs"),
-        "refused to delete ConfigMap {ns}/theirs: the operator never deletes",
-    ),
-    Attempt(
-        "delete-its-own-configmap",
-        _delete("configmap", "mine-config"),
-        "refused to delete ConfigMap {ns}/mine-config: the operator never deletes",
+        "delete-its-own-claim",
+        _delete("pvc", "pending-storage"),
+        "refused to delete PersistentVolumeClaim {ns}/pending-storage: the operator never deletes",
     ),
     Attempt(
         "unlabelled-serviceaccount",
