@@ -19,6 +19,7 @@ from llmtrain.api.pod_template import VOLUME_SOURCES
 from llmtrain.api.validation import parse_job
 from llmtrain.cli import build_parser
 from llmtrain.constants import (
+    ALLOWED_SECRETS_ANNOTATION,
     API_GROUP,
     API_VERSION,
     DEFAULT_MOUNT_PATH,
@@ -33,6 +34,7 @@ from llmtrain.constants import (
     OPERATOR_NAME,
     PLURAL,
     RAY_VERSION,
+    SUSPENDED_BY_USER_ANNOTATION,
     TRAINER_IMAGE_REPOSITORY,
     VERSION,
 )
@@ -283,6 +285,8 @@ def test_the_containment_policy_names_the_constant_marks_and_names() -> None:
         "ownerKind": KIND,
         "statusResource": f"{PLURAL}/status",
         "trainerSuffix": trainer_account_name("j")[1:],
+        "allowedSecretsKey": ALLOWED_SECRETS_ANNOTATION,
+        "suspendedKey": SUSPENDED_BY_USER_ANNOTATION,
     }
     assert {name: _cel_string(variables[name]) for name in literals} == literals
     assert int(variables["maxName"]) == MAX_NAME_LENGTH
