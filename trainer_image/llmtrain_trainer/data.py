@@ -232,23 +232,19 @@ def _supervised_batch(
     return {"input_ids": [e.input_ids for e in examples], "labels": [e.labels for e in examples]}
 
 
-TOKENIZE_PROCS_ENV = "LLMTRAIN_TOKENIZE_PROCS"
-"""Overrides the number of tokenizer processes (default: the CPUs this process may use)."""
-
 _CACHE_FORMAT = 1
 """Bumped whenever the encoding code changes its output, so older caches are not reused."""
 
-_SPEC_FIELDS_NOT_IN_KEY = {"name", "path", "split", "validation_split", "packing"}
+_SPEC_FIELDS_NOT_IN_KEY = {"name", "path", "split", "validation_split", "packing", "tokenize_processes"}
 """DatasetSpec fields that do not change the tokenised rows (the data itself is keyed separately,
 the validation split is cut after loading, packing is keyed as resolved). Any other field, present
 or future, is in the key."""
 
 
-def tokenize_processes(n_records: int) -> int:
-    """Processes to tokenise with: the CPUs available (or $LLMTRAIN_TOKENIZE_PROCS), at most one
+def tokenize_processes(n_records: int, wanted: int | None = None) -> int:
+    """Processes to tokenise with: dataset.tokenizeProcesses, else the CPUs available; at most one
     per record batch, so a small dataset is tokenised in this process without forking."""
-    wanted = os.environ.get(TOKENIZE_PROCS_ENV)
-    procs = int(wanted) if wanted else available_cpus()
+    procs = wanted or available_cpus()
     return max(1, min(procs, -(-n_records // _PACK_BATCH_RECORDS)))
 
 
@@ -374,7 +370,9 @@ def tokenize(
     `datasets`' temporary folder); `procs` defaults to tokenize_processes()."""
     folder = Path(get_temporary_cache_files_directory()) / uuid.uuid4().hex
     folder.mkdir()
-    shards = tokenize_into(folder, records, tokenizer, spec, procs or tokenize_processes(len(records)))
+    shards = tokenize_into(
+        folder, records, tokenizer, spec, procs or tokenize_processes(len(records), spec.tokenize_processes)
+    )
     return _require_rows(_open_shards(folder, shards), spec)
 
 
@@ -413,7 +411,7 @@ def cached_tokenize(
         log.info("tokenised dataset cache hit: %s (%d sequences)", key, len(sequences))
         return _require_rows(sequences, spec)
     records = load_records(spec) if records is None else records
-    procs = tokenize_processes(len(records))
+    procs = tokenize_processes(len(records), spec.tokenize_processes)
     log.info("tokenising %d records with %d processes into cache %s", len(records), procs, key)
     started = time.monotonic()
     root.mkdir(parents=True, exist_ok=True)

@@ -71,6 +71,7 @@ def test_cache_key_follows_data_tokenizer_and_settings(tokenizer, tmp_path: Path
     # Unchanged inputs, recomputed: same key; fields that do not change the rows: same key.
     assert key() == base
     assert key(spec.model_copy(update={"validation_split": 0.1})) == base
+    assert key(spec.model_copy(update={"tokenize_processes": 3})) == base
     assert (
         key(DatasetSpec(path=str(corpus), max_seq_length=64, packing=True)) == base
     )  # text packs by default
@@ -202,9 +203,7 @@ def test_a_4_cpu_pod_on_a_64_core_node_uses_4(tmp_path: Path, monkeypatch: pytes
 
 def test_process_count_is_capped_by_batches_and_overridable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(data, "available_cpus", lambda: 16)
-    monkeypatch.delenv(data.TOKENIZE_PROCS_ENV, raising=False)
     assert tokenize_processes(5) == 1  # a tiny dataset does not fork
     assert tokenize_processes(3 * data._PACK_BATCH_RECORDS) == 3
     assert tokenize_processes(100 * data._PACK_BATCH_RECORDS) == 16
-    monkeypatch.setenv(data.TOKENIZE_PROCS_ENV, "2")
-    assert tokenize_processes(100 * data._PACK_BATCH_RECORDS) == 2
+    assert tokenize_processes(100 * data._PACK_BATCH_RECORDS, wanted=2) == 2  # dataset.tokenizeProcesses
