@@ -15,7 +15,7 @@ DEEPSPEED_SPEC ?= deepspeed==0.19.8
 PYTEST_ARGS ?= -m "not e2e"
 
 .PHONY: help install test test-fast lock lint format generate demo render-example manifests e2e \
-        tools images prepare cluster cluster-down mutate bench-operator bench-trainer bench-gpu clean
+        tools images prepare cluster cluster-down mutate bench-operator bench-trainer bench-gpu bench-tokenize clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -106,6 +106,9 @@ bench-trainer: $(STAMP) ## trainer loop overhead vs a minimal FSDP2 loop (CPU)
 
 bench-gpu: $(STAMP) ## tokens/s and MFU of FSDP2 and ZeRO-3 on the local GPUs
 	$(PY) benchmarks/gpu_mfu.py
+
+bench-tokenize: $(STAMP) ## tokenisation MB/s at 1 and 2 processes, and a restart from the cache (BENCH_ARGS="--mb 64")
+	PYTHONPATH=trainer_image:operator $(PY) benchmarks/tokenize_throughput.py $(BENCH_ARGS)
 
 clean: ## remove the virtualenv, caches and local runs
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache llmtrain-runs

@@ -1,23 +1,38 @@
 """Training data: records → token sequences with loss masks → a deterministic, resumable order.
 
-Every rank builds the same sequence dataset (rank 0 first, so the `datasets` cache on the shared
-storage is written once) and walks the same seeded global order; each global micro-batch is cut
+Every rank builds the same sequence dataset (rank 0 first, so the tokenised cache on the shared
+storage is written once, by every CPU of the pod, and the other ranks, retries and resumes load it)
+and walks the same seeded global order; each global micro-batch is cut
 into one slice per rank. The position in that order (epoch, samples consumed) is saved in every
 checkpoint, so a resumed run neither repeats nor skips samples, even with a different world size.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import multiprocessing
 import os
+import shutil
+import time
+import uuid
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import datasets
 import torch
-from datasets import Dataset, load_dataset
+from datasets import Dataset, concatenate_datasets, load_dataset
+from datasets.fingerprint import get_temporary_cache_files_directory
 from llmtrain.api.spec import DatasetSpec
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from llmtrain_trainer.cpus import available_cpus
+
+log = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
 """Label value that cross-entropy ignores: prompts, non-assistant turns and padding."""
@@ -217,23 +232,205 @@ def _supervised_batch(
     return {"input_ids": [e.input_ids for e in examples], "labels": [e.labels for e in examples]}
 
 
-def tokenize(records: Dataset, tokenizer: PreTrainedTokenizerBase, spec: DatasetSpec) -> Dataset:
-    """Records → a dataset of `input_ids` and `labels` columns, per dataset.format."""
-    encode = _text_batch if spec.format == "text" else _supervised_batch
-    sequences = records.map(
-        encode,
+_CACHE_FORMAT = 1
+"""Bumped whenever the encoding code changes its output, so older caches are not reused."""
+
+_SPEC_FIELDS_NOT_IN_KEY = {"name", "path", "split", "validation_split", "packing", "tokenize_processes"}
+"""DatasetSpec fields that do not change the tokenised rows (the data itself is keyed separately,
+the validation split is cut after loading, packing is keyed as resolved). Any other field, present
+or future, is in the key."""
+
+
+def tokenize_processes(n_records: int, wanted: int | None = None) -> int:
+    """Processes to tokenise with: dataset.tokenizeProcesses, else the CPUs available; at most one
+    per record batch, so a small dataset is tokenised in this process without forking."""
+    procs = wanted or available_cpus()
+    return max(1, min(procs, -(-n_records // _PACK_BATCH_RECORDS)))
+
+
+def _encoder(spec: DatasetSpec) -> Any:
+    return _text_batch if spec.format == "text" else _supervised_batch
+
+
+_FORK_STATE: tuple[Dataset, PreTrainedTokenizerBase, DatasetSpec, Path] | None = None
+"""What forked tokenizer processes inherit instead of receiving it pickled."""
+
+
+def _tokenize_shard(index: int, start: int, end: int) -> str:
+    """Tokenise records[start:end] into `<folder>/shard-<index>.arrow`; returns the file name."""
+    assert _FORK_STATE is not None
+    records, tokenizer, spec, folder = _FORK_STATE
+    name = f"shard-{index:05d}.arrow"
+    records.select(range(start, end)).map(
+        _encoder(spec),
         batched=True,
         batch_size=_PACK_BATCH_RECORDS,
         remove_columns=records.column_names,
         fn_kwargs={"tokenizer": tokenizer, "spec": spec},
-        desc=f"tokenizing ({spec.format})",
+        cache_file_name=str(folder / name),
+        load_from_cache_file=False,
+        desc=f"tokenizing ({spec.format}, shard {index})",
     )
+    return name
+
+
+def _shard_bounds(n_records: int, procs: int) -> list[tuple[int, int]]:
+    """Contiguous record ranges, one per process, cut at record-batch boundaries: packing works
+    per batch, so the rows are then the same as one process would produce."""
+    n_batches = -(-n_records // _PACK_BATCH_RECORDS)
+    bounds, batch = [], 0
+    for i in range(procs):
+        count = n_batches // procs + (1 if i < n_batches % procs else 0)
+        start, batch = batch * _PACK_BATCH_RECORDS, batch + count
+        bounds.append((start, min(batch * _PACK_BATCH_RECORDS, n_records)))
+    return [(a, b) for a, b in bounds if b > a] or [(0, 0)]
+
+
+def tokenize_into(
+    folder: Path, records: Dataset, tokenizer: PreTrainedTokenizerBase, spec: DatasetSpec, procs: int
+) -> list[str]:
+    """Tokenise records into arrow shard files under folder, with `procs` forked processes."""
+    global _FORK_STATE
+    bounds = _shard_bounds(len(records), procs)
+    _FORK_STATE = (records, tokenizer, spec, folder)
+    try:
+        if len(bounds) == 1:
+            return [_tokenize_shard(0, *bounds[0])]
+        # Each process runs the Rust tokenizer on one thread: N processes already use N CPUs, and
+        # a tokenizer that ran threads before the fork would warn and fall back in every child.
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        context = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(len(bounds), mp_context=context) as pool:
+            futures = [pool.submit(_tokenize_shard, i, a, b) for i, (a, b) in enumerate(bounds)]
+            return [f.result() for f in futures]
+    finally:
+        _FORK_STATE = None
+
+
+def tokenizer_identity(tokenizer: PreTrainedTokenizerBase) -> str:
+    """A hash of everything in the tokenizer that decides the ids it produces."""
+    state: dict[str, Any] = {
+        "class": type(tokenizer).__name__,
+        "chat_template": tokenizer.chat_template,
+        "special": {k: str(v) for k, v in sorted(tokenizer.special_tokens_map.items())},
+        "eos": tokenizer.eos_token_id,
+    }
+    if isinstance(tokenizer, PreTrainedTokenizerFast):
+        state["backend"] = tokenizer.backend_tokenizer.to_str()
+    else:
+        state["vocab"] = sorted(tokenizer.get_vocab().items())
+        state["name"] = tokenizer.name_or_path
+    return hashlib.sha256(json.dumps(state, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def data_identity(spec: DatasetSpec) -> dict[str, Any]:
+    """The data's identity without reading it: each file's path, size and mtime, or the hub id."""
+    if spec.name:
+        return {"hub": spec.name, "split": spec.split}
+    assert spec.path is not None
+    _, files = data_files(Path(spec.path))
+    stats = [(f, os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files]
+    return {
+        "files": [{"path": os.path.abspath(f), "size": size, "mtime_ns": mtime} for f, size, mtime in stats]
+    }
+
+
+def cache_key(spec: DatasetSpec, tokenizer: PreTrainedTokenizerBase, data: dict[str, Any]) -> str:
+    """Key of a tokenised dataset: data identity, tokenizer identity and the encoding settings."""
+    settings = spec.model_dump(exclude=_SPEC_FIELDS_NOT_IN_KEY)
+    settings["packs"] = spec.packs
+    payload = {
+        "format": _CACHE_FORMAT,
+        "batch": _PACK_BATCH_RECORDS,
+        "data": data,
+        "tokenizer": tokenizer_identity(tokenizer),
+        "settings": settings,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def default_cache_root() -> Path:
+    """Next to the `datasets` cache, which the operator puts on the shared storage (HF_HOME)."""
+    return Path(datasets.config.HF_DATASETS_CACHE) / "llmtrain-tokenized"
+
+
+def _require_rows(sequences: Dataset, spec: DatasetSpec) -> Dataset:
     if len(sequences) == 0:
         raise DataError(
             f"dataset {spec.name or spec.path!r} produced no training sequences "
             f"(format {spec.format}, maxSeqLength {spec.max_seq_length}): is it empty or too short?"
         )
     return sequences
+
+
+def tokenize(
+    records: Dataset, tokenizer: PreTrainedTokenizerBase, spec: DatasetSpec, procs: int | None = None
+) -> Dataset:
+    """Records → a dataset of `input_ids` and `labels` columns, per dataset.format, uncached (in
+    `datasets`' temporary folder); `procs` defaults to tokenize_processes()."""
+    folder = Path(get_temporary_cache_files_directory()) / uuid.uuid4().hex
+    folder.mkdir()
+    shards = tokenize_into(
+        folder, records, tokenizer, spec, procs or tokenize_processes(len(records), spec.tokenize_processes)
+    )
+    return _require_rows(_open_shards(folder, shards), spec)
+
+
+def _open_shards(folder: Path, names: Sequence[str]) -> Dataset:
+    shards = [Dataset.from_file(str(folder / name)) for name in names]
+    return shards[0] if len(shards) == 1 else concatenate_datasets(shards)
+
+
+def _load_cached(folder: Path) -> Dataset | None:
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return _open_shards(folder, manifest["shards"])
+
+
+def cached_tokenize(
+    spec: DatasetSpec, tokenizer: PreTrainedTokenizerBase, cache_root: Path | None = None
+) -> Dataset:
+    """The dataset's tokenised rows, from the cache when a run already tokenised the same data
+    with the same tokenizer and settings (so retries and resumes skip the work).
+
+    A miss tokenises with every available CPU into a private folder and renames it into place, so
+    a concurrent rank or retry never reads a half-written cache (the first rename wins).
+    """
+    root = cache_root or default_cache_root()
+    records = None
+    data = data_identity(spec)
+    if spec.name:  # a hub dataset: its local copy's fingerprint says which revision was fetched
+        records = load_records(spec)
+        data["fingerprint"] = records._fingerprint
+    key = cache_key(spec, tokenizer, data)
+    final = root / key
+    sequences = _load_cached(final)
+    if sequences is not None:
+        log.info("tokenised dataset cache hit: %s (%d sequences)", key, len(sequences))
+        return _require_rows(sequences, spec)
+    records = load_records(spec) if records is None else records
+    procs = tokenize_processes(len(records), spec.tokenize_processes)
+    log.info("tokenising %d records with %d processes into cache %s", len(records), procs, key)
+    started = time.monotonic()
+    root.mkdir(parents=True, exist_ok=True)
+    staging = root / f".{key}.{uuid.uuid4().hex}.tmp"
+    staging.mkdir()
+    try:
+        shards = tokenize_into(staging, records, tokenizer, spec, procs)
+        (staging / "manifest.json").write_text(json.dumps({"shards": shards}))
+        try:
+            os.rename(staging, final)
+        except OSError:  # another rank or attempt published the same key first: use theirs
+            shutil.rmtree(staging, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    sequences = _load_cached(final)
+    assert sequences is not None
+    log.info("tokenised %d sequences in %.1f s", len(sequences), time.monotonic() - started)
+    return _require_rows(sequences, spec)
 
 
 @dataclass(frozen=True)
@@ -247,8 +444,10 @@ class SequenceData:
     skips counting them across ranks at every step."""
 
 
-def build_sequences(spec: DatasetSpec, tokenizer: PreTrainedTokenizerBase, seed: int) -> SequenceData:
-    sequences = tokenize(load_records(spec), tokenizer, spec)
+def build_sequences(
+    spec: DatasetSpec, tokenizer: PreTrainedTokenizerBase, seed: int, cache_root: Path | None = None
+) -> SequenceData:
+    sequences = cached_tokenize(spec, tokenizer, cache_root)
     validation = None
     if spec.validation_split > 0 and len(sequences) >= 2:
         parts = sequences.train_test_split(test_size=spec.validation_split, seed=seed, shuffle=True)

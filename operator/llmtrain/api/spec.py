@@ -173,6 +173,14 @@ class DatasetSpec(ApiModel):
         le=0.5,
         description="Fraction of the data held out for validation loss; 0 disables it.",
     )
+    tokenize_processes: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="Processes that tokenize the data on rank 0; defaults to the CPUs the worker "
+        "may use (its CPU limit), at most one per 10,000 records. The result, cached on the storage, "
+        "is the same for any count.",
+    )
 
     @property
     def packs(self) -> bool:
