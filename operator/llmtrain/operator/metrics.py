@@ -17,6 +17,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from llmtrain.api.status import PHASES
 
+# Phases the resync no longer lists a job in (a finished job, labelled so): such a job leaves the
+# gauge on its DELETED event only.
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
 LEADER = Gauge(
     "llmtrain_leader",
     "1 while this process acts on jobs (it holds the Lease, or runs without election); 0 on standby",
@@ -53,9 +57,12 @@ class PhaseBook:
                 self._phases.pop(key, None)
             self._publish()
 
-    def keys(self) -> frozenset[str]:
+    def keys(self, *, unfinished: bool = False) -> frozenset[str]:
+        """The jobs booked; `unfinished`: only those not booked Succeeded or Failed."""
         with self._lock:
-            return frozenset(self._phases)
+            return frozenset(
+                key for key, phase in self._phases.items() if not unfinished or phase not in TERMINAL_PHASES
+            )
 
     def _publish(self) -> None:
         counts: dict[str, int] = dict.fromkeys(PHASES, 0)

@@ -18,20 +18,25 @@ from typing import Any
 
 import kopf
 
-from llmtrain.constants import API_GROUP, JOB_LABEL, KIND, RAY_GROUP_VERSION, RAYJOB_KIND
+from llmtrain.constants import API_GROUP, FINISHED_LABEL, JOB_LABEL, KIND, RAY_GROUP_VERSION, RAYJOB_KIND
 from llmtrain.operator import startup
 from llmtrain.operator.children import ChildBeingReplaced, LeftByEarlierJob, OwnershipConflict
 from llmtrain.operator.config import OperatorConfig
 from llmtrain.operator.kube import RESOURCES, ApiError, Kube
 from llmtrain.operator.metrics import ERRORS, PHASE_BOOK, RESYNC
 from llmtrain.operator.reconcile import read_again, recreate
-from llmtrain.operator.reporting import JOB_RESOURCE, job_key, report
+from llmtrain.operator.reporting import JOB_RESOURCE, job_key, mark_finished, report
 from llmtrain.operator.serial import JOB_LOCKS
 from llmtrain.operator.status import Step, ended, finished
 
 RAYJOB_RESOURCE = RESOURCES[(RAY_GROUP_VERSION, RAYJOB_KIND)]
 # Quick retries of a failed mirror write inside the event handler; the resync pass does the rest.
 _MIRROR_ATTEMPTS = 3
+# The resync's job list: only jobs not labelled finished (`reporting.mark_finished`), a page at a time.
+UNFINISHED = f"!{FINISHED_LABEL}"
+# Jobs per page: a page's job names make the label selector of its RayJob list (at most 47
+# characters each, so a few kilobytes of URL).
+RESYNC_PAGE = 100
 
 
 def mirror_rayjob(
@@ -160,36 +165,62 @@ def look_at_starting(kube: Kube, logger: logging.Logger) -> None:
 
 def resync_all(kube: Kube, config: OperatorConfig, logger: logging.Logger) -> None:
     """Level-triggered: every unfinished job's status from its RayJob as it is now, whatever events
-    were missed or writes failed; a RayJob that is gone is created again. Jobs are listed before
-    RayJobs, so a RayJob a listed job names (created before its name was written) is in the second
-    list unless it was deleted. The gauge forgets jobs no longer listed (a DELETED event missed)."""
-    booked = PHASE_BOOK.keys()  # before listing: a job created after the lists is not dropped
+    were missed or writes failed; a RayJob that is gone is created again.
+
+    Bounded by the jobs at work, not by every job ever kept: the API server leaves out jobs
+    labelled finished (`UNFINISHED`), and each page of jobs is handled (its RayJobs listed by job
+    name) before the next is asked for. A finished job still listed (its label write failed, or
+    it finished under an older operator) is labelled here. Jobs are listed before their RayJobs,
+    so a RayJob a listed job names (created before its name was written) is in the second list
+    unless it was deleted. The gauge forgets unfinished jobs no longer listed (a DELETED event
+    missed); a finished one, not listed by design, leaves it on its DELETED event."""
+    booked = PHASE_BOOK.keys(unfinished=True)  # before listing: a job created later is not dropped
     listed: set[str] = set()
     for namespace in config.namespaces or (None,):
-        jobs = kube.list_all(JOB_RESOURCE, namespace)
-        listed.update(job_key(job["metadata"]) for job in jobs)
-        rayjobs = {
-            (r["metadata"]["namespace"], r["metadata"]["name"]): r
-            for r in kube.list_all(RAYJOB_RESOURCE, namespace, label_selector=JOB_LABEL)
-        }
-        for job in jobs:
-            status = job.get("status") or {}
-            meta = job["metadata"]
-            if finished(status) or not status.get("rayJobName") or meta.get("deletionTimestamp"):
-                continue
-            try:
-                with JOB_LOCKS.hold(job_key(meta)):
-                    _resync_one(
-                        kube, config, job, rayjobs.get((meta["namespace"], str(status["rayJobName"]))), logger
-                    )
-            except ApiError as err:
-                if err.status == 409:  # the job changed since it was listed: its own events report it
-                    continue
-                ERRORS.labels(reason=f"ResyncHttp{err.status}").inc()
-                logger.warning(f"resync of {job_key(meta)}: {err}")
-            except (ChildBeingReplaced, OwnershipConflict, LeftByEarlierJob) as exc:  # this job's trouble
-                logger.warning(f"resync of {job_key(meta)}: {exc}")
+        for jobs in kube.list_pages(JOB_RESOURCE, namespace, label_selector=UNFINISHED, page=RESYNC_PAGE):
+            listed.update(job_key(job["metadata"]) for job in jobs)
+            _resync_page(kube, config, namespace, jobs, logger)
     PHASE_BOOK.forget(*(booked - listed))
+
+
+def _resync_page(
+    kube: Kube,
+    config: OperatorConfig,
+    namespace: str | None,
+    jobs: list[dict[str, Any]],
+    logger: logging.Logger,
+) -> None:
+    """One page of listed jobs: finished ones labelled, the others resynced from their RayJobs."""
+    active: list[dict[str, Any]] = []
+    for job in jobs:
+        status = job.get("status") or {}
+        if job["metadata"].get("deletionTimestamp"):
+            continue
+        if finished(status):
+            mark_finished(kube, job)
+        elif status.get("rayJobName"):
+            active.append(job)
+    if not active:
+        return
+    names = ",".join(sorted({job["metadata"]["name"] for job in active}))
+    rayjobs = {
+        (r["metadata"]["namespace"], r["metadata"]["name"]): r
+        for r in kube.list_all(RAYJOB_RESOURCE, namespace, label_selector=f"{JOB_LABEL} in ({names})")
+    }
+    for job in active:
+        meta, status = job["metadata"], job["status"]
+        try:
+            with JOB_LOCKS.hold(job_key(meta)):
+                _resync_one(
+                    kube, config, job, rayjobs.get((meta["namespace"], str(status["rayJobName"]))), logger
+                )
+        except ApiError as err:
+            if err.status == 409:  # the job changed since it was listed: its own events report it
+                continue
+            ERRORS.labels(reason=f"ResyncHttp{err.status}").inc()
+            logger.warning(f"resync of {job_key(meta)}: {err}")
+        except (ChildBeingReplaced, OwnershipConflict, LeftByEarlierJob) as exc:  # this job's trouble
+            logger.warning(f"resync of {job_key(meta)}: {exc}")
 
 
 def _resync_one(

@@ -4,7 +4,8 @@ Every path (the reconciler's first write, the RayJob mirror, the periodic resync
 permanent failures) hands `report` what it found; `status.operator_status` computes the update and
 it is written here: only if it changes something, through the status subresource (never `spec`,
 never the trainer's `progress`), with the phase recorded for the `llmtrain_jobs` gauge and an Event
-when the report asks for one.
+when the report asks for one. A job whose status is finished is labelled `llmtrain.dev/finished`
+here too (`mark_finished`), which keeps it out of the resync's lists.
 """
 
 from __future__ import annotations
@@ -15,15 +16,16 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from llmtrain.constants import GROUP_VERSION, KIND, OPERATOR_NAME, RFC3339_FORMAT
+from llmtrain.constants import FINISHED_LABEL, GROUP_VERSION, KIND, OPERATOR_NAME, RFC3339_FORMAT
 from llmtrain.operator.kube import RESOURCES, ApiError, Kube
 from llmtrain.operator.metrics import PHASE_BOOK
-from llmtrain.operator.status import Announcement, Outcome, Report, Startup, operator_status
+from llmtrain.operator.status import Announcement, Outcome, Report, Startup, finished, operator_status
 
 JOB_RESOURCE = RESOURCES[(GROUP_VERSION, KIND)]
 COMPONENT = OPERATOR_NAME
 INSTANCE = socket.gethostname()  # the pod's name in a cluster
 log = logging.getLogger(__name__)
+FINISHED_VALUE = "true"
 
 
 def now() -> str:
@@ -85,6 +87,8 @@ def report(
     """
     said = operator_status(job, rayjob, outcome, now(), startup)
     written = _write(kube, job, said.update, precondition)
+    if finished({**(job.get("status") or {}), **said.update}):
+        mark_finished(kube, job)
     phase = said.update.get("phase")
     if said.event is not None and (
         said.announce == "always"
@@ -95,6 +99,24 @@ def report(
     ):
         announce(kube, job, said.event)
     return said
+
+
+def mark_finished(kube: Kube, job: Mapping[str, Any]) -> bool:
+    """Label a finished job `llmtrain.dev/finished` (once: a job that has it is left alone), so
+    the resync's list leaves it out. A label is metadata: a patch of the job itself, not of its
+    status. A failure is logged, not raised: the status it follows is written, and the resync
+    labels any finished job it still lists. True when the label was written."""
+    meta = job["metadata"]
+    if (meta.get("labels") or {}).get(FINISHED_LABEL) == FINISHED_VALUE:
+        return False
+    body = {"metadata": {"labels": {FINISHED_LABEL: FINISHED_VALUE}}}
+    try:
+        kube.merge_patch(JOB_RESOURCE, meta["namespace"], meta["name"], body)
+    except ApiError as err:
+        if err.status != 404:
+            log.warning(f"cannot label {job_key(meta)} finished yet ({err}); the resync will")
+        return False
+    return True
 
 
 def _write(kube: Kube, job: Mapping[str, Any], update: dict[str, Any], precondition: bool) -> bool:
