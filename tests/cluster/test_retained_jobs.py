@@ -65,7 +65,9 @@ def test_a_finished_job_is_labelled_and_the_resync_lists_neither_it_nor_its_rayj
     calls = audit.calls(cluster.audit_log, OPERATOR_USER, mark)
     job_lists = [_query(c) for c in calls if c.verb == "list" and c.resource == "llmtrainingjobs"]
     assert job_lists, "no resync pass listed the jobs"
-    assert all(q.get("labelSelector") == f"!{FINISHED_LABEL}" and q.get("limit") for q in job_lists), job_lists
+    assert all(q.get("labelSelector") == f"!{FINISHED_LABEL}" and q.get("limit") for q in job_lists), (
+        job_lists
+    )
     rayjob_lists = [_query(c) for c in calls if c.verb == "list" and c.resource == "rayjobs"]
     assert rayjob_lists, "no resync pass listed the unfinished job's RayJob"
     for query in rayjob_lists:
