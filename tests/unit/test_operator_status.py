@@ -513,8 +513,11 @@ def test_one_jobs_conflict_does_not_end_the_resync_pass(monkeypatch: pytest.Monk
     rayjob_b = {"metadata": {"name": "b", "namespace": "n", "ownerReferences": []}}
 
     class Kube:
-        def list_pages(self, resource: object, namespace: object, **_: object) -> Iterator[list]:
-            yield self.list_all(resource, namespace)
+        def list_pages(
+            self, resource: object, namespace: object, label_selector: object = None, **_: object
+        ) -> Iterator[list]:
+            if label_selector == mirror.UNFINISHED:  # none labelled finished
+                yield self.list_all(resource, namespace)
 
         def list_all(self, resource: object, namespace: object, label_selector: object = None) -> list:
             return [job("a"), job("b")] if resource is mirror.JOB_RESOURCE else [rayjob_b]
@@ -531,8 +534,8 @@ def test_one_jobs_conflict_does_not_end_the_resync_pass(monkeypatch: pytest.Monk
 
 
 def test_the_resync_pass_takes_jobs_no_longer_listed_off_the_gauge(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An unfinished job whose DELETED event was missed leaves the gauge at the next pass; listed
-    ones stay, and so do finished ones, which the pass does not list (they leave on DELETED)."""
+    """A job whose DELETED event was missed leaves the gauge at the next pass; listed ones stay,
+    unfinished ones from the pass's list, finished ones from its count of those labelled so."""
     import logging
 
     from llmtrain.operator import metrics, mirror
@@ -542,11 +545,15 @@ def test_the_resync_pass_takes_jobs_no_longer_listed_off_the_gauge(monkeypatch: 
     book.set("n/kept", "Pending")
     book.set("n/gone", "Running")
     book.set("n/done", "Succeeded")
+    book.set("n/done-gone", "Failed")
     kept = {"metadata": {"name": "kept", "namespace": "n", "uid": "u"}, "status": {"phase": "Pending"}}
+    done = {"metadata": {"name": "done", "namespace": "n", "uid": "d"}, "status": {"phase": "Succeeded"}}
 
     class Kube:
-        def list_pages(self, resource: object, namespace: object, **_: object) -> Iterator[list]:
-            yield self.list_all(resource, namespace)
+        def list_pages(
+            self, resource: object, namespace: object, label_selector: object = None, **_: object
+        ) -> Iterator[list]:
+            yield self.list_all(resource, namespace) if label_selector == mirror.UNFINISHED else [done]
 
         def list_all(self, resource: object, namespace: object, label_selector: object = None) -> list:
             return [kept] if resource is mirror.JOB_RESOURCE else []
@@ -556,6 +563,7 @@ def test_the_resync_pass_takes_jobs_no_longer_listed_off_the_gauge(monkeypatch: 
     assert book.keys() == {"n/kept", "n/done"}
     assert metrics.JOBS.labels(phase="Running")._value.get() == 0
     assert metrics.JOBS.labels(phase="Succeeded")._value.get() == 1
+    assert metrics.JOBS.labels(phase="Failed")._value.get() == 0
 
 
 def test_a_resync_pass_on_a_stale_list_neither_writes_nor_creates_for_a_job_finished_since() -> None:
@@ -577,8 +585,11 @@ def test_a_resync_pass_on_a_stale_list_neither_writes_nor_creates_for_a_job_fini
         def __init__(self) -> None:
             self.writes: list[object] = []
 
-        def list_pages(self, resource: object, namespace: object, **_: object) -> Iterator[list]:
-            yield self.list_all(resource, namespace)
+        def list_pages(
+            self, resource: object, namespace: object, label_selector: object = None, **_: object
+        ) -> Iterator[list]:
+            if label_selector == mirror.UNFINISHED:  # none labelled finished
+                yield self.list_all(resource, namespace)
 
         def list_all(self, resource: object, namespace: object, label_selector: object = None) -> list:
             return [listed] if resource is mirror.JOB_RESOURCE else []

@@ -8,10 +8,21 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+import kopf
 import pytest
-from llmtrain.constants import FINISHED_LABEL, JOB_LABEL
+from llmtrain.constants import (
+    API_GROUP,
+    API_VERSION,
+    FINISHED_LABEL,
+    JOB_LABEL,
+    PLURAL,
+    RAY_API_GROUP,
+    RAY_API_VERSION,
+    RAYJOB_PLURAL,
+)
 from llmtrain.operator import mirror, reporting
 from llmtrain.operator.config import OperatorConfig
+from llmtrain.operator.kube import ApiError
 from llmtrain.operator.status import Failure, Step
 
 from tests.support.jobs import minimal_job
@@ -27,17 +38,22 @@ def job(name: str, status: dict[str, Any], labels: dict[str, str] | None = None)
 
 
 class Kube:
-    """Serves `pages` of jobs (whatever the selector: the server's filter is the real cluster's
-    business) and records, in order, every list and every patch."""
+    """Serves `pages` of jobs to the resync's list of unfinished jobs and `labelled` to its count
+    of finished ones (the server's filter itself is the real cluster's business), and records, in
+    order, every list and every patch."""
 
-    def __init__(self, pages: list[list[dict[str, Any]]]) -> None:
+    def __init__(
+        self, pages: list[list[dict[str, Any]]], labelled: list[list[dict[str, Any]]] | None = None
+    ) -> None:
         self.pages = pages
+        self.labelled = labelled or []
         self.calls: list[tuple[str, ...]] = []
 
     def list_pages(
         self, res: Any, namespace: Any, label_selector: str | None = None, page: int = 500, **_: Any
     ) -> Iterator[list[dict[str, Any]]]:
-        for number, items in enumerate(self.pages):
+        served = self.labelled if label_selector == FINISHED_LABEL else self.pages
+        for number, items in enumerate(served):
             self.calls.append(("list-page", res.plural, str(label_selector), str(page), str(number)))
             yield items
 
@@ -62,6 +78,7 @@ def test_a_job_whose_status_becomes_terminal_is_labelled_finished_once() -> None
     reporting.report(kube, running, {**SUCCEEDED_RAYJOB, "metadata": {"name": "j"}}, Step.MIRRORED)  # type: ignore[arg-type]
     assert [c for c in kube.calls if c[0] == "patch"] == [
         ("patch", "llmtrainingjobs/status", "j"),
+        ("patch", "rayjobs", "j"),  # the RayJob first: a job labelled finished is not listed again
         ("patch", "llmtrainingjobs", "j"),
     ]
     assert kube.bodies[-1] == {"metadata": {"labels": {FINISHED_LABEL: "true"}}}
@@ -111,3 +128,77 @@ def test_the_resync_lists_unfinished_jobs_a_page_at_a_time_and_labels_finished_o
         ("patch", "llmtrainingjobs", "f"),
     ]
     assert all(body == {"metadata": {"labels": {FINISHED_LABEL: "true"}}} for body in kube.bodies)
+
+
+def test_the_gauge_counts_finished_jobs_out_of_kopfs_view_and_drops_them_when_deleted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Kopf sees unfinished jobs only: a job labelled finished leaves its view as a DELETED event,
+    which must not take it off the gauge (it is still stored); the resync's count of labelled jobs
+    keeps the finished ones counted after a restart, and drops one deleted while out of view."""
+    from llmtrain.operator import metrics, registration
+
+    book = metrics.PhaseBook()
+    monkeypatch.setattr(registration, "PHASE_BOOK", book)
+    monkeypatch.setattr(mirror, "PHASE_BOOK", book)
+
+    def gauge() -> dict[str, float]:
+        return {p: metrics.JOBS.labels(phase=p)._value.get() for p in ("Running", "Succeeded", "Failed")}
+
+    done = job("done", {"phase": "Succeeded"}, {FINISHED_LABEL: "true"})
+    stored: dict[str, dict[str, Any]] = {"done": done}
+
+    class Stored(Kube):
+        def get(self, res: Any, namespace: str, name: str) -> dict[str, Any]:
+            if name not in stored:
+                raise ApiError(404, "NotFound", name)
+            return stored[name]
+
+    book.set("n/done", "Succeeded")
+    book.set("n/live", "Running")
+    memo = kopf.Memo(kube=Stored([]))
+    leaving = {"type": "DELETED", "object": job("done", {"phase": "Succeeded"})}
+    registration.forget_deleted(event=leaving, meta=leaving["object"]["metadata"], memo=memo)
+    assert gauge() == {"Running": 1, "Succeeded": 1, "Failed": 0}, "left Kopf's view, still counted"
+
+    # After a restart: Kopf's view holds the unfinished job only; the resync counts the rest.
+    fresh = metrics.PhaseBook()
+    monkeypatch.setattr(mirror, "PHASE_BOOK", fresh)
+    fresh.set("n/live", "Running")
+    failed = job("old", {"phase": "Failed", "reason": "BackoffLimitExceeded"}, {FINISHED_LABEL: "true"})
+    listing = Kube([[job("live", {"phase": "Running"})]], labelled=[[done, failed]])
+    mirror.resync_all(listing, OperatorConfig(), logging.getLogger("test"))  # type: ignore[arg-type]
+    assert gauge() == {"Running": 1, "Succeeded": 1, "Failed": 1}
+
+    # A finished job deleted while out of Kopf's view (no event reaches it): the next count.
+    listing = Kube([[job("live", {"phase": "Running"})]], labelled=[[failed]])
+    mirror.resync_all(listing, OperatorConfig(), logging.getLogger("test"))  # type: ignore[arg-type]
+    assert gauge() == {"Running": 1, "Succeeded": 0, "Failed": 1}
+
+    # A real deletion in Kopf's view: gone from the API server, gone from the gauge.
+    monkeypatch.setattr(registration, "PHASE_BOOK", fresh)
+    gone = {"type": "DELETED", "object": job("live", {"phase": "Running"})}
+    registration.forget_deleted(event=gone, meta=gone["object"]["metadata"], memo=memo)
+    assert gauge() == {"Running": 0, "Succeeded": 0, "Failed": 1}
+
+
+def test_a_job_labelled_finished_that_has_not_finished_gets_its_label_taken_off() -> None:
+    """Out of Kopf's view and the resync's, nothing would ever run it."""
+    kube = Kube([], labelled=[[job("r", {"phase": "Running", "rayJobName": "r"}, {FINISHED_LABEL: "true"})]])
+    mirror.resync_all(kube, OperatorConfig(), logging.getLogger("test"))  # type: ignore[arg-type]
+    assert ("patch", "llmtrainingjobs", "r") in kube.calls
+    assert kube.bodies == [{"metadata": {"labels": {FINISHED_LABEL: None}}}]
+
+
+def test_kopf_lists_in_pages_and_watches_only_unfinished_jobs_and_their_rayjobs() -> None:
+    """The selectors Kopf sends with its LIST and WATCH of each resource, through its own lookup."""
+    from kopf._cogs.structs.references import Resource
+    from llmtrain.operator.settings import configure
+
+    settings = kopf.OperatorSettings()
+    configure(settings)
+    jobs = Resource(API_GROUP, API_VERSION, PLURAL, preferred=True)
+    rayjobs = Resource(RAY_API_GROUP, RAY_API_VERSION, RAYJOB_PLURAL, preferred=True)
+    assert settings.watching.label_selectors.collect(jobs) == [f"!{FINISHED_LABEL}"]
+    assert settings.watching.label_selectors.collect(rayjobs) == [f"{JOB_LABEL},!{FINISHED_LABEL}"]
+    assert settings.watching.chunk_size == 500

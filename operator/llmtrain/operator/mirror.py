@@ -18,14 +18,22 @@ from typing import Any
 
 import kopf
 
-from llmtrain.constants import API_GROUP, FINISHED_LABEL, JOB_LABEL, KIND, RAY_GROUP_VERSION, RAYJOB_KIND
+from llmtrain.constants import (
+    API_GROUP,
+    FINISHED_LABEL,
+    JOB_LABEL,
+    KIND,
+    RAY_GROUP_VERSION,
+    RAYJOB_KIND,
+    UNFINISHED_SELECTOR,
+)
 from llmtrain.operator import startup
 from llmtrain.operator.children import ChildBeingReplaced, LeftByEarlierJob, OwnershipConflict
 from llmtrain.operator.config import OperatorConfig
 from llmtrain.operator.kube import RESOURCES, ApiError, Kube
 from llmtrain.operator.metrics import ERRORS, PHASE_BOOK, RESYNC
 from llmtrain.operator.reconcile import read_again, recreate
-from llmtrain.operator.reporting import JOB_RESOURCE, job_key, mark_finished, report
+from llmtrain.operator.reporting import JOB_RESOURCE, job_key, mark_finished, report, unmark_unfinished
 from llmtrain.operator.serial import JOB_LOCKS
 from llmtrain.operator.status import Step, ended, finished
 
@@ -33,7 +41,7 @@ RAYJOB_RESOURCE = RESOURCES[(RAY_GROUP_VERSION, RAYJOB_KIND)]
 # Quick retries of a failed mirror write inside the event handler; the resync pass does the rest.
 _MIRROR_ATTEMPTS = 3
 # The resync's job list: only jobs not labelled finished (`reporting.mark_finished`), a page at a time.
-UNFINISHED = f"!{FINISHED_LABEL}"
+UNFINISHED = UNFINISHED_SELECTOR
 # Jobs per page: a page's job names make the label selector of its RayJob list (at most 47
 # characters each, so a few kilobytes of URL).
 RESYNC_PAGE = 100
@@ -170,17 +178,27 @@ def resync_all(kube: Kube, config: OperatorConfig, logger: logging.Logger) -> No
     Bounded by the jobs at work, not by every job ever kept: the API server leaves out jobs
     labelled finished (`UNFINISHED`), and each page of jobs is handled (its RayJobs listed by job
     name) before the next is asked for. A finished job still listed (its label write failed, or
-    it finished under an older operator) is labelled here. Jobs are listed before their RayJobs,
-    so a RayJob a listed job names (created before its name was written) is in the second list
-    unless it was deleted. The gauge forgets unfinished jobs no longer listed (a DELETED event
-    missed); a finished one, not listed by design, leaves it on its DELETED event."""
-    booked = PHASE_BOOK.keys(unfinished=True)  # before listing: a job created later is not dropped
+    it finished under an older operator, or its label was removed) is labelled here. Jobs are
+    listed before their RayJobs, so a RayJob a listed job names (created before its name was
+    written) is in the second list unless it was deleted. Then the finished jobs are counted for
+    the gauge, a page at a time (`PhaseBook.count_retained`); a job in neither list (its DELETED
+    event missed) leaves the gauge."""
+    booked = PHASE_BOOK.keys()  # before listing: a job created later is not dropped
     listed: set[str] = set()
+    retained: dict[str, str] = {}
     for namespace in config.namespaces or (None,):
         for jobs in kube.list_pages(JOB_RESOURCE, namespace, label_selector=UNFINISHED, page=RESYNC_PAGE):
             listed.update(job_key(job["metadata"]) for job in jobs)
             _resync_page(kube, config, namespace, jobs, logger)
-    PHASE_BOOK.forget(*(booked - listed))
+        for jobs in kube.list_pages(JOB_RESOURCE, namespace, label_selector=FINISHED_LABEL, page=RESYNC_PAGE):
+            for job in jobs:
+                status = job.get("status") or {}
+                if finished(status):
+                    retained[job_key(job["metadata"])] = str(status["phase"])
+                elif not job["metadata"].get("deletionTimestamp"):
+                    unmark_unfinished(kube, job)
+    PHASE_BOOK.count_retained(retained)
+    PHASE_BOOK.forget(*(booked - listed - retained.keys()))
 
 
 def _resync_page(
@@ -197,7 +215,7 @@ def _resync_page(
         if job["metadata"].get("deletionTimestamp"):
             continue
         if finished(status):
-            mark_finished(kube, job)
+            mark_finished(kube, job, status.get("rayJobName"))
         elif status.get("rayJobName"):
             active.append(job)
     if not active:
