@@ -373,11 +373,22 @@ def finished_status(doc: dict[str, Any], name: str) -> dict[str, Any]:
     }
 
 
+# A finished RayJob's status as KubeRay leaves it.
+RAYJOB_SUCCEEDED = {
+    "jobDeploymentStatus": "Complete",
+    "jobStatus": "SUCCEEDED",
+    "startTime": "2026-11-26T09:00:00Z",
+    "endTime": "2026-11-26T10:00:00Z",
+}
+
+
 async def retained(api: RealApi, namespace: str, count: int, concurrency: int) -> None:
     """`count` jobs that ran to their end, as kept after they finished: each job with a terminal
     status, and its RayJob (rendered as the operator renders it, owned by the job) kept too, but
-    created suspended so KubeRay makes no cluster for it. Made by this client, not the operator:
-    the operator then starts on them as after an upgrade or a restart."""
+    created suspended so KubeRay makes no cluster for it, with the status KubeRay leaves on a
+    finished RayJob (a suspended RayJob without one would be mirrored as a job that has not
+    started). Made by this client, not the operator: the operator then starts on them as after an
+    upgrade or a restart."""
     from llmtrain.api.validation import parse_job
     from llmtrain.render import render
 
@@ -395,6 +406,7 @@ async def retained(api: RealApi, namespace: str, count: int, concurrency: int) -
             rayjob = render(parse_job({**doc, "metadata": meta}))[-1]
             rayjob["spec"]["suspend"] = True
             await api.create(ray, rayjob)
+            await api.patch_status(f"{ray}/{name}", RAYJOB_SUCCEEDED)
 
     started = time.monotonic()
     await asyncio.gather(*(one(i) for i in range(count)))

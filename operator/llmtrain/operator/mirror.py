@@ -136,6 +136,10 @@ def resync_forever(kube: Kube, config: OperatorConfig, stop: threading.Event) ->
     `startup_look_seconds`."""
     logger = logging.getLogger("llmtrain.resync")
     next_resync = time.monotonic() + config.resync_seconds
+    try:  # the finished jobs on the gauge now, not a resync period after a start
+        count_finished(kube, config)
+    except Exception:
+        logger.exception("counting the finished jobs failed; the resync pass counts them again")
     while not stop.wait(max(0.0, min(config.startup_look_seconds, next_resync - time.monotonic()))):
         try:
             if time.monotonic() >= next_resync:
@@ -185,11 +189,21 @@ def resync_all(kube: Kube, config: OperatorConfig, logger: logging.Logger) -> No
     event missed) leaves the gauge."""
     booked = PHASE_BOOK.keys()  # before listing: a job created later is not dropped
     listed: set[str] = set()
-    retained: dict[str, str] = {}
     for namespace in config.namespaces or (None,):
         for jobs in kube.list_pages(JOB_RESOURCE, namespace, label_selector=UNFINISHED, page=RESYNC_PAGE):
             listed.update(job_key(job["metadata"]) for job in jobs)
             _resync_page(kube, config, namespace, jobs, logger)
+    retained = count_finished(kube, config)
+    PHASE_BOOK.forget(*(booked - listed - retained))
+
+
+def count_finished(kube: Kube, config: OperatorConfig) -> set[str]:
+    """The jobs labelled finished, by phase, for the gauge (`PhaseBook.count_retained`): Kopf does
+    not see them. A page at a time, so kept jobs cost one page of memory. A job labelled so whose
+    status has not finished (someone else labelled it) has the label taken off, or nothing would
+    ever run it. The keys counted are returned."""
+    retained: dict[str, str] = {}
+    for namespace in config.namespaces or (None,):
         for jobs in kube.list_pages(JOB_RESOURCE, namespace, label_selector=FINISHED_LABEL, page=RESYNC_PAGE):
             for job in jobs:
                 status = job.get("status") or {}
@@ -198,7 +212,7 @@ def resync_all(kube: Kube, config: OperatorConfig, logger: logging.Logger) -> No
                 elif not job["metadata"].get("deletionTimestamp"):
                     unmark_unfinished(kube, job)
     PHASE_BOOK.count_retained(retained)
-    PHASE_BOOK.forget(*(booked - listed - retained.keys()))
+    return set(retained)
 
 
 def _resync_page(
