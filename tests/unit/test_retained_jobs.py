@@ -202,3 +202,48 @@ def test_kopf_lists_in_pages_and_watches_only_unfinished_jobs_and_their_rayjobs(
     assert settings.watching.label_selectors.collect(jobs) == [f"!{FINISHED_LABEL}"]
     assert settings.watching.label_selectors.collect(rayjobs) == [f"{JOB_LABEL},!{FINISHED_LABEL}"]
     assert settings.watching.chunk_size == 500
+
+
+def test_a_job_that_failed_to_start_is_labelled_only_once_its_rayjob_is_stopped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Labelled, a job leaves Kopf's view and the resync's: nothing would stop its Ray cluster
+    (its GPUs) after that. So the report that fails it leaves the label off; the resync stops its
+    RayJob, then labels it; a failed stop leaves it unlabelled for the next pass."""
+    from llmtrain.constants import JOB_UID_LABEL
+    from llmtrain.operator.status import STARTUP_EXPIRED
+
+    condition = {"type": "Failed", "status": "True", "reason": STARTUP_EXPIRED}
+    failed = job("s", {"phase": "Failed", "rayJobName": "s", "conditions": [condition]})
+    rayjob = {"metadata": {"name": "s", "namespace": "n", "labels": {JOB_UID_LABEL: "u-s"}}, "spec": {}}
+
+    class Stopping(Kube):
+        refuse = False
+
+        def get(self, res: Any, namespace: str, name: str) -> dict[str, Any]:
+            return rayjob
+
+        def merge_patch(self, res: Any, namespace: str, name: str, body: dict[str, Any], **kw: Any) -> dict:
+            if self.refuse and "spec" in body:
+                raise ApiError(500, "InternalError", "no")
+            return super().merge_patch(res, namespace, name, body, **kw)
+
+    kube = Stopping([])
+    reporting.report(
+        kube, job("s", {"phase": "Running", "rayJobName": "s"}), None, Failure(STARTUP_EXPIRED, "x")
+    )  # type: ignore[arg-type]
+    assert [c for c in kube.calls if c[0] == "patch"] == [("patch", "llmtrainingjobs/status", "s")]
+
+    kube = Stopping([[failed]])
+    kube.refuse = True
+    mirror.resync_all(kube, OperatorConfig(), logging.getLogger("test"))  # type: ignore[arg-type]
+    assert not [c for c in kube.calls if c[0] == "patch"], "not labelled while its RayJob runs"
+
+    kube = Stopping([[failed]])
+    mirror.resync_all(kube, OperatorConfig(), logging.getLogger("test"))  # type: ignore[arg-type]
+    assert [c for c in kube.calls if c[0] == "patch"] == [
+        ("patch", "rayjobs", "s"),  # the stop
+        ("patch", "rayjobs", "s"),  # the label
+        ("patch", "llmtrainingjobs", "s"),
+    ]
+    assert kube.bodies[0] == {"spec": {"ttlSecondsAfterFinished": 0, "suspend": True}}
