@@ -29,7 +29,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from llmtrain.constants import GROUP_VERSION, PLURAL, RAY_GROUP_VERSION, RAYJOB_PLURAL  # noqa: E402
+from llmtrain.constants import FINISHED_LABEL, GROUP_VERSION, PLURAL, RAY_GROUP_VERSION, RAYJOB_PLURAL  # noqa: E402
 from llmtrain.operator.config import DEFAULT_RESYNC_SECONDS  # noqa: E402
 
 from tests.support.cluster import audit, processes  # noqa: E402
@@ -128,6 +128,12 @@ class RealApi:
         async with self.session.patch(f"{path}/status", json={"status": status}, headers=headers) as response:
             if response.status >= 300:
                 raise SystemExit(f"PATCH {path}/status: {response.status} {await response.text()}")
+
+    async def any_listed(self, path: str, label_selector: str) -> bool:
+        """Whether a LIST with `label_selector` has any item (one asked for)."""
+        params = {"labelSelector": label_selector, "limit": "1"}
+        async with self.session.get(path, params=params) as response:
+            return bool((await response.json()).get("items"))
 
     async def exists(self, path: str) -> bool:
         async with self.session.get(path) as response:
@@ -454,6 +460,11 @@ async def run_retained(args: argparse.Namespace) -> str:
                 settle = await idle(proc.pid, 600)
                 if proc.poll() is not None:
                     raise SystemExit(f"the operator exited ({proc.returncode}); see {tmp}")
+                # The first start labels every job finished; the restart is the steady state only
+                # once it has (an operator stopped at a lull leaves the rest to the restart).
+                jobs = f"/apis/{GROUP_VERSION}/namespaces/{namespace}/{PLURAL}"
+                while await api.any_listed(jobs, f"!{FINISHED_LABEL}") and time.monotonic() - started < 900:
+                    await asyncio.sleep(5)
                 rss = peak_rss_mb(proc.pid)
                 wall = time.monotonic() - started
                 print(
