@@ -35,7 +35,7 @@ from llmtrain.operator.metrics import ERRORS, PHASE_BOOK, RESYNC
 from llmtrain.operator.reconcile import read_again, recreate
 from llmtrain.operator.reporting import JOB_RESOURCE, job_key, mark_finished, report, unmark_unfinished
 from llmtrain.operator.serial import JOB_LOCKS
-from llmtrain.operator.status import Step, ended, finished
+from llmtrain.operator.status import Step, ended, finished, startup_failed
 
 RAYJOB_RESOURCE = RESOURCES[(RAY_GROUP_VERSION, RAYJOB_KIND)]
 # Quick retries of a failed mirror write inside the event handler; the resync pass does the rest.
@@ -215,6 +215,27 @@ def count_finished(kube: Kube, config: OperatorConfig) -> set[str]:
     return set(retained)
 
 
+def label_finished_jobs(kube: Kube, config: OperatorConfig, logger: logging.Logger) -> None:
+    """Before Kopf's first LIST (run by the start-up handler): each finished job not labelled yet
+    (finished under an older operator) is labelled, a page at a time, so Kopf never lists or holds
+    it; a job that failed to start has its RayJob stopped first. Kopf hands every object of its
+    LIST to a worker of its own at once, so after an upgrade it would otherwise hold every job
+    kept. A failure is logged: the resync pass labels what is left."""
+    try:
+        for namespace in config.namespaces or (None,):
+            for jobs in kube.list_pages(JOB_RESOURCE, namespace, label_selector=UNFINISHED, page=RESYNC_PAGE):
+                for job in jobs:
+                    status = job.get("status") or {}
+                    if job["metadata"].get("deletionTimestamp") or not finished(status):
+                        continue
+                    if startup_failed(status):
+                        startup.stop_and_mark(kube, job)
+                    else:
+                        mark_finished(kube, job, status.get("rayJobName"))
+    except ApiError as err:
+        logger.warning(f"labelling the finished jobs at start-up: {err}; the resync pass goes on")
+
+
 def _resync_page(
     kube: Kube,
     config: OperatorConfig,
@@ -228,7 +249,12 @@ def _resync_page(
         status = job.get("status") or {}
         if job["metadata"].get("deletionTimestamp"):
             continue
-        if finished(status):
+        if startup_failed(status):
+            try:
+                startup.stop_and_mark(kube, job)
+            except ApiError as err:  # the next pass tries again
+                logger.warning(f"stopping the RayJob of {job_key(job['metadata'])}: {err}")
+        elif finished(status):
             mark_finished(kube, job, status.get("rayJobName"))
         elif status.get("rayJobName"):
             active.append(job)

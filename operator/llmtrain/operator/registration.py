@@ -17,6 +17,7 @@ Configuration arrives as one `OperatorConfig` in Kopf's memo.
 from __future__ import annotations
 
 import contextvars
+import logging
 import threading
 from typing import Any
 
@@ -34,7 +35,7 @@ from llmtrain.constants import (
 from llmtrain.operator.config import OperatorConfig
 from llmtrain.operator.kube import ApiError, Kube
 from llmtrain.operator.metrics import PHASE_BOOK
-from llmtrain.operator.mirror import mirror_rayjob, resync_forever
+from llmtrain.operator.mirror import label_finished_jobs, mirror_rayjob, resync_forever
 from llmtrain.operator.reconcile import read_again, reconcile
 from llmtrain.operator.reporting import job_key
 
@@ -54,11 +55,14 @@ def register(registry: kopf.OperatorRegistry) -> None:
 
 
 def startup(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    """The API client, and the resync loop in its own thread. Not a Kopf timer: those put a
-    finalizer on every object, and one LIST of jobs and of RayJobs per period costs less than a
-    GET per job. The thread runs in this handler's context, where Kopf's Event queue is known."""
+    """The API client; finished jobs an older operator left unlabelled labelled, before Kopf's
+    watches start (`mirror.label_finished_jobs`); and the resync loop in its own thread. Not a
+    Kopf timer: those put a finalizer on every object, and one LIST of jobs and of RayJobs per
+    period costs less than a GET per job. The thread runs in this handler's context, where Kopf's
+    Event queue is known."""
     config: OperatorConfig = memo.config
     memo.kube = Kube.from_environment(connections=config.workers)
+    label_finished_jobs(memo.kube, config, logging.getLogger("llmtrain.startup"))
     memo.resync_stop = threading.Event()
     context = contextvars.copy_context()
     thread = threading.Thread(

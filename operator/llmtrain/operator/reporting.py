@@ -27,7 +27,15 @@ from llmtrain.constants import (
 )
 from llmtrain.operator.kube import RESOURCES, ApiError, Kube, Resource
 from llmtrain.operator.metrics import PHASE_BOOK
-from llmtrain.operator.status import Announcement, Outcome, Report, Startup, finished, operator_status
+from llmtrain.operator.status import (
+    Announcement,
+    Outcome,
+    Report,
+    Startup,
+    finished,
+    operator_status,
+    startup_failed,
+)
 
 JOB_RESOURCE = RESOURCES[(GROUP_VERSION, KIND)]
 RAYJOB_RESOURCE = RESOURCES[(RAY_GROUP_VERSION, RAYJOB_KIND)]
@@ -97,7 +105,7 @@ def report(
     said = operator_status(job, rayjob, outcome, now(), startup)
     written = _write(kube, job, said.update, precondition)
     merged = {**(job.get("status") or {}), **said.update}
-    if finished(merged):
+    if finished(merged) and not startup_failed(merged):  # that one once its RayJob is stopped
         mark_finished(kube, job, merged.get("rayJobName"))
     phase = said.update.get("phase")
     if said.event is not None and (
