@@ -247,3 +247,25 @@ def test_a_job_that_failed_to_start_is_labelled_only_once_its_rayjob_is_stopped(
         ("patch", "llmtrainingjobs", "s"),
     ]
     assert kube.bodies[0] == {"spec": {"ttlSecondsAfterFinished": 0, "suspend": True}}
+
+
+def test_finished_jobs_left_unlabelled_are_labelled_before_kopf_lists_them() -> None:
+    """After an upgrade every kept job is unlabelled; Kopf would hand each one its LIST returns to
+    a worker at once. The start-up handler labels the finished ones first, a page at a time, and
+    leaves unfinished and deleting jobs alone."""
+    deleting = job("d", {"phase": "Succeeded"})
+    deleting["metadata"]["deletionTimestamp"] = "2026-11-26T10:00:00Z"
+    pages = [
+        [job("old", {"phase": "Succeeded", "rayJobName": "old"}), job("live", {"phase": "Running"})],
+        [deleting, job("bad", {"phase": "Failed", "reason": "BackoffLimitExceeded"})],
+    ]
+    kube = Kube(pages)
+    mirror.label_finished_jobs(kube, OperatorConfig(), logging.getLogger("test"))  # type: ignore[arg-type]
+    page = str(mirror.RESYNC_PAGE)
+    assert kube.calls == [
+        ("list-page", "llmtrainingjobs", f"!{FINISHED_LABEL}", page, "0"),
+        ("patch", "rayjobs", "old"),
+        ("patch", "llmtrainingjobs", "old"),
+        ("list-page", "llmtrainingjobs", f"!{FINISHED_LABEL}", page, "1"),
+        ("patch", "llmtrainingjobs", "bad"),
+    ]
