@@ -255,9 +255,11 @@ def test_finished_jobs_left_unlabelled_are_labelled_before_kopf_lists_them() -> 
     leaves unfinished and deleting jobs alone."""
     deleting = job("d", {"phase": "Succeeded"})
     deleting["metadata"]["deletionTimestamp"] = "2026-11-26T10:00:00Z"
+    edited = job("edited", {"phase": "Succeeded", "observedGeneration": 1})  # its label removed with
+    edited["metadata"]["generation"] = 2  # an edit: left to Kopf, which sees it, and `report` labels it
     pages = [
         [job("old", {"phase": "Succeeded", "rayJobName": "old"}), job("live", {"phase": "Running"})],
-        [deleting, job("bad", {"phase": "Failed", "reason": "BackoffLimitExceeded"})],
+        [deleting, job("bad", {"phase": "Failed", "reason": "BackoffLimitExceeded"}), edited],
     ]
     kube = Kube(pages)
     mirror.label_finished_jobs(kube, OperatorConfig(), logging.getLogger("test"))  # type: ignore[arg-type]

@@ -215,6 +215,14 @@ def count_finished(kube: Kube, config: OperatorConfig) -> set[str]:
     return set(retained)
 
 
+def edit_pending(job: Mapping[str, Any]) -> bool:
+    """An edit the operator has not acted on yet (generation past status.observedGeneration): a
+    finished job edited while unlabelled stays unlabelled, and so in Kopf's view, until it has."""
+    generation = job["metadata"].get("generation")
+    observed = (job.get("status") or {}).get("observedGeneration")
+    return generation is not None and observed is not None and generation != observed
+
+
 def label_finished_jobs(kube: Kube, config: OperatorConfig, logger: logging.Logger) -> None:
     """Before Kopf's first LIST (run by the start-up handler): each finished job not labelled yet
     (finished under an older operator) is labelled, a page at a time, so Kopf never lists or holds
@@ -226,7 +234,7 @@ def label_finished_jobs(kube: Kube, config: OperatorConfig, logger: logging.Logg
             for jobs in kube.list_pages(JOB_RESOURCE, namespace, label_selector=UNFINISHED, page=RESYNC_PAGE):
                 for job in jobs:
                     status = job.get("status") or {}
-                    if job["metadata"].get("deletionTimestamp") or not finished(status):
+                    if job["metadata"].get("deletionTimestamp") or not finished(status) or edit_pending(job):
                         continue
                     if startup_failed(status):
                         startup.stop_and_mark(kube, job)
@@ -249,6 +257,8 @@ def _resync_page(
         status = job.get("status") or {}
         if job["metadata"].get("deletionTimestamp"):
             continue
+        if finished(status) and edit_pending(job):
+            continue  # left in Kopf's view until the edit is observed (then `report` labels it)
         if startup_failed(status):
             try:
                 startup.stop_and_mark(kube, job)
