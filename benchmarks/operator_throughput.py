@@ -29,7 +29,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from llmtrain.constants import GROUP_VERSION, PLURAL, RAY_GROUP_VERSION, RAYJOB_PLURAL  # noqa: E402
+from llmtrain.constants import FINISHED_LABEL, GROUP_VERSION, PLURAL, RAY_GROUP_VERSION, RAYJOB_PLURAL  # noqa: E402
 from llmtrain.operator.config import DEFAULT_RESYNC_SECONDS  # noqa: E402
 
 from tests.support.cluster import audit, processes  # noqa: E402
@@ -116,10 +116,24 @@ class RealApi:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
         )
 
-    async def create(self, path: str, doc: dict[str, Any]) -> None:
+    async def create(self, path: str, doc: dict[str, Any]) -> dict[str, Any]:
         async with self.session.post(path, json=doc) as response:
             if response.status >= 300:
                 raise SystemExit(f"POST {path}: {response.status} {await response.text()}")
+            created: dict[str, Any] = await response.json()
+            return created
+
+    async def patch_status(self, path: str, status: dict[str, Any]) -> None:
+        headers = {"Content-Type": "application/merge-patch+json"}
+        async with self.session.patch(f"{path}/status", json={"status": status}, headers=headers) as response:
+            if response.status >= 300:
+                raise SystemExit(f"PATCH {path}/status: {response.status} {await response.text()}")
+
+    async def any_listed(self, path: str, label_selector: str) -> bool:
+        """Whether a LIST with `label_selector` has any item (one asked for)."""
+        params = {"labelSelector": label_selector, "limit": "1"}
+        async with self.session.get(path, params=params) as response:
+            return bool((await response.json()).get("items"))
 
     async def exists(self, path: str) -> bool:
         async with self.session.get(path) as response:
@@ -335,6 +349,143 @@ async def run(args: argparse.Namespace) -> str:
     return f"jobs={jobs} total_s={total:.1f} p50_ms={p50:.0f} p99_ms={p99:.0f} rss_mb={rss:.0f}"
 
 
+def finished_status(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    """A status as a job that ran to its end carries it: the operator's fields and conditions, the
+    trainer's last progress, and Kopf's diff base (a copy of the spec, status.kopf.lastHandled)."""
+    at = "2026-11-26T10:00:00Z"
+    conditions = [
+        {"type": kind, "status": value, "reason": reason, "message": message, "lastTransitionTime": at}
+        for kind, value, reason, message in (
+            ("Created", "True", "RayJobCreated", f"RayJob {name} created"),
+            ("Running", "False", "Completed", "the run ended"),
+            ("Succeeded", "True", "Completed", "the training application succeeded"),
+            ("Failed", "False", "Completed", "the run succeeded"),
+            ("Suspended", "False", "Completed", "not suspended"),
+        )
+    ]
+    return {
+        "phase": "Succeeded",
+        "reason": "Completed",
+        "message": "the training application succeeded",
+        "rayJobName": name,
+        "rayClusterName": f"{name}-raycluster-x7k2p",
+        "observedGeneration": 1,
+        "startTime": at,
+        "completionTime": at,
+        "retries": 0,
+        "conditions": conditions,
+        "progress": {"step": 1000, "totalSteps": 1000, "loss": 1.234, "checkpoint": "step-1000", "at": at},
+        "kopf": {"lastHandled": json.dumps({"spec": doc["spec"], "metadata": {"labels": {}}})},
+    }
+
+
+# A finished RayJob's status as KubeRay leaves it.
+RAYJOB_SUCCEEDED = {
+    "jobDeploymentStatus": "Complete",
+    "jobStatus": "SUCCEEDED",
+    "startTime": "2026-11-26T09:00:00Z",
+    "endTime": "2026-11-26T10:00:00Z",
+}
+
+
+async def retained(api: RealApi, namespace: str, count: int, concurrency: int) -> None:
+    """`count` jobs that ran to their end, as kept after they finished: each job with a terminal
+    status, and its RayJob (rendered as the operator renders it, owned by the job) kept too, but
+    created suspended so KubeRay makes no cluster for it, with the status KubeRay leaves on a
+    finished RayJob (a suspended RayJob without one would be mirrored as a job that has not
+    started). Made by this client, not the operator: the operator then starts on them as after an
+    upgrade or a restart."""
+    from llmtrain.api.validation import parse_job
+    from llmtrain.render import render
+
+    group = f"/apis/{GROUP_VERSION}/namespaces/{namespace}/{PLURAL}"
+    ray = f"/apis/{RAY_GROUP_VERSION}/namespaces/{namespace}/{RAYJOB_PLURAL}"
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> None:
+        name = f"done-{i:05d}"
+        doc = minimal_job(name, namespace)
+        async with sem:
+            stored = await api.create(group, doc)
+            await api.patch_status(f"{group}/{name}", finished_status(doc, name))
+            meta = {**doc["metadata"], "uid": stored["metadata"]["uid"]}
+            rayjob = render(parse_job({**doc, "metadata": meta}))[-1]
+            rayjob["spec"]["suspend"] = True
+            await api.create(ray, rayjob)
+            await api.patch_status(f"{ray}/{name}", RAYJOB_SUCCEEDED)
+
+    started = time.monotonic()
+    await asyncio.gather(*(one(i) for i in range(count)))
+    print(f"{count} finished jobs and their RayJobs made in {time.monotonic() - started:.0f} s", flush=True)
+
+
+async def idle(pid: int, cap_s: float) -> float:
+    """Seconds until the process uses under 5% of a core over 5 s (at most `cap_s`)."""
+    started = time.monotonic()
+    while time.monotonic() - started < cap_s:
+        before = cpu_seconds(pid)
+        await asyncio.sleep(5)
+        if cpu_seconds(pid) - before < 0.25:
+            break
+    return time.monotonic() - started
+
+
+async def run_retained(args: argparse.Namespace) -> str:
+    """Peak RSS of an operator started beside `args.retained` finished jobs, over two resync
+    periods and until it is idle: first as after an upgrade (the jobs not yet labelled finished),
+    then restarted (steady state)."""
+    cluster, down = start_cluster(args.cluster_dir, with_kueue=not args.no_kueue)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-operator-"))
+    namespace = f"{args.namespace}-{int(time.time())}"
+    api = RealApi(cluster)
+    results: list[str] = []
+    try:
+        install_chart(cluster)
+        cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}])
+        await retained(api, namespace, args.retained, args.concurrency)
+        for run_name in ("first-start", "restart"):
+            operator = start_operator(
+                cluster,
+                tmp,
+                f"operator-{run_name}",
+                log_format="json",
+                log_level=args.log_level,
+                args=("--workers", str(args.workers)),
+                resync_seconds=args.resync_seconds,
+            )
+            proc = operator.proc
+            try:
+                started = time.monotonic()
+                await asyncio.sleep(2 * args.resync_seconds + 2)
+                settle = await idle(proc.pid, 600)
+                if proc.poll() is not None:
+                    raise SystemExit(f"the operator exited ({proc.returncode}); see {tmp}")
+                # The first start labels every job finished; the restart is the steady state only
+                # once it has (an operator stopped at a lull leaves the rest to the restart).
+                jobs = f"/apis/{GROUP_VERSION}/namespaces/{namespace}/{PLURAL}"
+                while await api.any_listed(jobs, f"!{FINISHED_LABEL}") and time.monotonic() - started < 900:
+                    await asyncio.sleep(5)
+                rss = peak_rss_mb(proc.pid)
+                wall = time.monotonic() - started
+                print(
+                    f"{run_name}: peak RSS {rss:.0f} MB over {wall:.0f} s "
+                    f"(two resync periods of {args.resync_seconds:g} s, then {settle:.0f} s until idle); "
+                    f"operator cpu_s={cpu_seconds(proc.pid):.1f}",
+                    flush=True,
+                )
+                results.append(f"{run_name}_rss_mb={rss:.0f}")
+            finally:
+                operator.stop()
+    finally:
+        await api.aclose()
+        if args.cluster_dir is not None:
+            cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        down()
+    return f"retained={args.retained} rss_mb={max(float(r.split('=')[1]) for r in results):.0f} " + " ".join(
+        results
+    )
+
+
 def server_report(delta: dict[str, float], jobs: int) -> str:
     """What the API server did during the run, from its metrics (every client, not only the operator)."""
 
@@ -398,7 +549,21 @@ def main() -> None:
     real.add_argument(
         "--no-kueue", action="store_true", help="a new cluster without Kueue (and its webhooks)"
     )
+    parser.add_argument(
+        "--retained",
+        type=int,
+        default=0,
+        help="instead: this many finished jobs kept, and the operator's peak RSS beside them "
+        "(last line: retained=… rss_mb=…)",
+    )
+    parser.add_argument(
+        "--resync-seconds", type=float, default=20, help="the operator's resync period with --retained"
+    )
     args = parser.parse_args()
+    if args.retained:
+        print(f"{args.retained} finished jobs kept; operator threads {args.workers}", flush=True)
+        print(asyncio.run(run_retained(args)))
+        return
     load = f"{args.rate:g} jobs/s" if args.rate else f"a burst, client concurrency {args.concurrency}"
     print(f"creating {args.jobs} LLMTrainingJobs ({load}); operator threads {args.workers}", flush=True)
     print(asyncio.run(run(args)))

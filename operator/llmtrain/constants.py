@@ -27,6 +27,12 @@ JOB_LABEL = f"{API_GROUP}/job"  # every child: the LLMTrainingJob it belongs to
 # Every child: the uid of the LLMTrainingJob that created it. A job deleted with --cascade=orphan and
 # applied again has a new uid, so its children tell the two incarnations apart.
 JOB_UID_LABEL = f"{API_GROUP}/job-uid"
+# On a finished LLMTrainingJob (Succeeded, or Failed for good), set by the operator once its status says
+# so: the resync lists jobs with `!llmtrain.dev/finished`, so jobs kept for their history cost nothing.
+FINISHED_LABEL = f"{API_GROUP}/finished"
+# What is still at work: Kopf watches (operator/settings.py) and the resync lists only jobs and
+# RayJobs without the finished label (a finished job's RayJob is labelled with it).
+UNFINISHED_SELECTOR = f"!{FINISHED_LABEL}"
 ROLE_LABEL = f"{API_GROUP}/role"  # Ray pods: head or worker
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 # Kueue's API group, and the label that queues a RayJob in one of its LocalQueues.

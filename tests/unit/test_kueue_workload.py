@@ -245,7 +245,7 @@ def test_the_mirror_fails_a_job_whose_workload_kueue_deactivated(monkeypatch: py
     monkeypatch.setattr(reporting, "now", lambda: "2026-11-26T10:00:00Z")
     kube = FakeKube([REQUEUE_LIMIT])
     startup.mirror(kube, _job({"phase": "Running"}), RAYJOB)  # type: ignore[arg-type]
-    status = kube.patched[-1][2]["status"]
+    status = next(body for _, _, body in reversed(kube.patched) if "status" in body)["status"]
     assert status["phase"] == "Failed"
     assert "RequeuingLimitExceeded" in status["message"], status
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")

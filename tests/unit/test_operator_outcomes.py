@@ -153,16 +153,17 @@ def test_outcomes_about_the_rayjob_need_it(outcome: Any) -> None:
 
 
 class _Kube:
-    """Records status patches and Events."""
+    """Records status patches (not the finished label, a patch of the job itself) and Events."""
 
     def __init__(self) -> None:
         self.patches: list[dict[str, Any]] = []
         self.events: list[str] = []
 
     def merge_patch(
-        self, resource: object, namespace: str, name: str, body: dict[str, Any], **_: Any
+        self, resource: object, namespace: str, name: str, body: dict[str, Any], subresource: Any = None
     ) -> dict:
-        self.patches.append(body)
+        if subresource == "status":
+            self.patches.append(body)
         return {}
 
     def create(self, body: dict[str, Any]) -> dict:

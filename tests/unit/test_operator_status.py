@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from llmtrain.operator.children import drift_patch
 from llmtrain.operator.status import (
@@ -517,6 +519,12 @@ def test_one_jobs_conflict_does_not_end_the_resync_pass(monkeypatch: pytest.Monk
     rayjob_b = {"metadata": {"name": "b", "namespace": "n", "ownerReferences": []}}
 
     class Kube:
+        def list_pages(
+            self, resource: object, namespace: object, label_selector: object = None, **_: object
+        ) -> Iterator[list]:
+            if label_selector == mirror.UNFINISHED:  # none labelled finished
+                yield self.list_all(resource, namespace)
+
         def list_all(self, resource: object, namespace: object, label_selector: object = None) -> list:
             return [job("a"), job("b")] if resource is mirror.JOB_RESOURCE else [rayjob_b]
 
@@ -532,26 +540,36 @@ def test_one_jobs_conflict_does_not_end_the_resync_pass(monkeypatch: pytest.Monk
 
 
 def test_the_resync_pass_takes_jobs_no_longer_listed_off_the_gauge(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A job whose DELETED event was missed leaves the gauge at the next pass; listed ones stay."""
+    """A job whose DELETED event was missed leaves the gauge at the next pass; listed ones stay,
+    unfinished ones from the pass's list, finished ones from its count of those labelled so."""
     import logging
 
     from llmtrain.operator import metrics, mirror
     from llmtrain.operator.config import OperatorConfig
 
     book = metrics.PhaseBook()
-    book.set("n/kept", "Succeeded")
+    book.set("n/kept", "Pending")
     book.set("n/gone", "Running")
-    kept = {"metadata": {"name": "kept", "namespace": "n", "uid": "u"}, "status": {"phase": "Succeeded"}}
+    book.set("n/done", "Succeeded")
+    book.set("n/done-gone", "Failed")
+    kept = {"metadata": {"name": "kept", "namespace": "n", "uid": "u"}, "status": {"phase": "Pending"}}
+    done = {"metadata": {"name": "done", "namespace": "n", "uid": "d"}, "status": {"phase": "Succeeded"}}
 
     class Kube:
+        def list_pages(
+            self, resource: object, namespace: object, label_selector: object = None, **_: object
+        ) -> Iterator[list]:
+            yield self.list_all(resource, namespace) if label_selector == mirror.UNFINISHED else [done]
+
         def list_all(self, resource: object, namespace: object, label_selector: object = None) -> list:
             return [kept] if resource is mirror.JOB_RESOURCE else []
 
     monkeypatch.setattr(mirror, "PHASE_BOOK", book)
     mirror.resync_all(Kube(), OperatorConfig(), logging.getLogger("test"))  # type: ignore[arg-type]
-    assert book.keys() == {"n/kept"}
+    assert book.keys() == {"n/kept", "n/done"}
     assert metrics.JOBS.labels(phase="Running")._value.get() == 0
     assert metrics.JOBS.labels(phase="Succeeded")._value.get() == 1
+    assert metrics.JOBS.labels(phase="Failed")._value.get() == 0
 
 
 def test_a_resync_pass_on_a_stale_list_neither_writes_nor_creates_for_a_job_finished_since() -> None:
@@ -572,6 +590,12 @@ def test_a_resync_pass_on_a_stale_list_neither_writes_nor_creates_for_a_job_fini
     class Kube:
         def __init__(self) -> None:
             self.writes: list[object] = []
+
+        def list_pages(
+            self, resource: object, namespace: object, label_selector: object = None, **_: object
+        ) -> Iterator[list]:
+            if label_selector == mirror.UNFINISHED:  # none labelled finished
+                yield self.list_all(resource, namespace)
 
         def list_all(self, resource: object, namespace: object, label_selector: object = None) -> list:
             return [listed] if resource is mirror.JOB_RESOURCE else []

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from llmtrain.api.validation import parse_job
-from llmtrain.constants import JOB_LABEL, KUEUE_QUEUE_LABEL, ROLE_LABEL
+from llmtrain.constants import FINISHED_LABEL, JOB_LABEL, KUEUE_QUEUE_LABEL, ROLE_LABEL
 from llmtrain.operator.children import drift_patch
 from llmtrain.operator.diagnosis import Diagnosis, diagnose, startup_expired
 from llmtrain.operator.startup import deadline_seconds, stopped
@@ -387,7 +387,11 @@ def test_a_young_attempt_is_not_looked_into_an_older_one_is_and_an_expired_one_i
     monkeypatch.setattr(reporting, "now", lambda: "2026-11-26T10:10:00Z")
     startup.mirror(kube, job(status["status"]), rayjob("Initializing"))  # type: ignore[arg-type]
     stops = [body for plural, body in kube.patched if plural == "rayjobs"]
-    assert stops == [{"spec": {"ttlSecondsAfterFinished": 0, "suspend": True}}], kube.patched
+    # Stopped, and only then labelled finished (out of Kopf's view and the resync's, nothing
+    # would stop it later): the job last.
+    label = {"metadata": {"labels": {FINISHED_LABEL: "true"}}}
+    assert stops == [{"spec": {"ttlSecondsAfterFinished": 0, "suspend": True}}, label], kube.patched
+    assert kube.patched[-1] == ("llmtrainingjobs", label)
 
 
 class StoredKube(FakeKube):

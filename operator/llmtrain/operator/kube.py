@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -177,7 +178,22 @@ class Kube:
         field_selector: str | None = None,
     ) -> list[dict[str, Any]]:
         """Every object of a collection (paged), in one namespace or all (None)."""
-        out: list[dict[str, Any]] = []
+        return [
+            obj
+            for chunk in self.list_pages(res, namespace, label_selector, page, field_selector)
+            for obj in chunk
+        ]
+
+    def list_pages(
+        self,
+        res: Resource,
+        namespace: str | None,
+        label_selector: str | None = None,
+        page: int = 500,
+        field_selector: str | None = None,
+    ) -> Iterator[list[dict[str, Any]]]:
+        """A collection one page (`limit`/`continue`) at a time, so a caller that handles each page
+        before asking for the next holds one page of bodies, however many objects there are."""
         token = ""
         while True:
             query = {"limit": str(page)}
@@ -188,10 +204,10 @@ class Kube:
             if token:
                 query["continue"] = token
             data = self.request("GET", f"{res.path(namespace)}?{urllib.parse.urlencode(query)}")
-            out.extend(data.get("items") or [])
+            yield data.get("items") or []
             token = (data.get("metadata") or {}).get("continue") or ""
             if not token:
-                return out
+                return
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         res = resource_of(obj)

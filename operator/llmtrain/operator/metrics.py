@@ -17,11 +17,19 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from llmtrain.api.status import PHASES
 
+# Phases of a finished job: labelled so, it leaves Kopf's view, and the resync counts it instead.
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
 LEADER = Gauge(
     "llmtrain_leader",
     "1 while this process acts on jobs (it holds the Lease, or runs without election); 0 on standby",
 )
-JOBS = Gauge("llmtrain_jobs", "LLMTrainingJobs by phase, as last written by this operator", ["phase"])
+JOBS = Gauge(
+    "llmtrain_jobs",
+    "LLMTrainingJobs by phase: those at work as last seen or written by this operator, the finished "
+    "ones as counted by its last resync pass",
+    ["phase"],
+)
 RECONCILE_SECONDS = Histogram(
     "llmtrain_reconcile_duration_seconds",
     "Time to reconcile one LLMTrainingJob (render + create/adopt children)",
@@ -31,11 +39,17 @@ ERRORS = Counter("llmtrain_errors_total", "Reconcile and status errors by reason
 
 
 class PhaseBook:
-    """Current phase per job, so the gauge counts jobs rather than transitions."""
+    """Current phase per job, so the gauge counts jobs rather than transitions.
+
+    Two sources, each job counted once (the live one wins): `set` books a job Kopf sees or the
+    operator reports on; a finished job, labelled so, leaves Kopf's view (`retain` moves it aside
+    when that DELETED event comes) and the resync pass counts the finished jobs as they are stored
+    (`count_retained`), so a finished job deleted meanwhile leaves the gauge within a pass."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._phases: dict[str, str] = {}
+        self._retained: dict[str, str] = {}
 
     def start(self) -> None:
         """This process acts from now on: every phase is reported, at zero until a job has it."""
@@ -47,19 +61,38 @@ class PhaseBook:
             self._phases[key] = phase
             self._publish()
 
+    def retain(self, key: str, phase: str) -> None:
+        """A job still stored, out of Kopf's view (labelled finished): counted as retained."""
+        with self._lock:
+            self._phases.pop(key, None)
+            self._retained[key] = phase
+            self._publish()
+
+    def count_retained(self, phases: dict[str, str]) -> None:
+        """The finished jobs the resync found labelled, by key: they replace the last count, and a
+        finished job booked live (its leaving event missed) is moved among them."""
+        with self._lock:
+            self._retained = dict(phases)
+            for key in phases:
+                if self._phases.get(key) in TERMINAL_PHASES:
+                    del self._phases[key]
+            self._publish()
+
     def forget(self, *keys: str) -> None:
         with self._lock:
             for key in keys:
                 self._phases.pop(key, None)
+                self._retained.pop(key, None)
             self._publish()
 
     def keys(self) -> frozenset[str]:
+        """Every job booked, live or retained."""
         with self._lock:
-            return frozenset(self._phases)
+            return frozenset(self._phases) | frozenset(self._retained)
 
     def _publish(self) -> None:
         counts: dict[str, int] = dict.fromkeys(PHASES, 0)
-        for phase in self._phases.values():
+        for phase in {**self._retained, **self._phases}.values():
             counts[phase] = counts.get(phase, 0) + 1
         for phase, count in counts.items():
             JOBS.labels(phase=phase).set(count)

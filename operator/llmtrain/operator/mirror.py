@@ -18,20 +18,33 @@ from typing import Any
 
 import kopf
 
-from llmtrain.constants import API_GROUP, JOB_LABEL, KIND, RAY_GROUP_VERSION, RAYJOB_KIND
+from llmtrain.constants import (
+    API_GROUP,
+    FINISHED_LABEL,
+    JOB_LABEL,
+    KIND,
+    RAY_GROUP_VERSION,
+    RAYJOB_KIND,
+    UNFINISHED_SELECTOR,
+)
 from llmtrain.operator import startup
 from llmtrain.operator.children import ChildBeingReplaced, LeftByEarlierJob, OwnershipConflict
 from llmtrain.operator.config import OperatorConfig
 from llmtrain.operator.kube import RESOURCES, ApiError, Kube
 from llmtrain.operator.metrics import ERRORS, PHASE_BOOK, RESYNC
 from llmtrain.operator.reconcile import read_again, recreate
-from llmtrain.operator.reporting import JOB_RESOURCE, job_key, report
+from llmtrain.operator.reporting import JOB_RESOURCE, job_key, mark_finished, report, unmark_unfinished
 from llmtrain.operator.serial import JOB_LOCKS
-from llmtrain.operator.status import Step, ended, finished
+from llmtrain.operator.status import Step, ended, finished, startup_failed
 
 RAYJOB_RESOURCE = RESOURCES[(RAY_GROUP_VERSION, RAYJOB_KIND)]
 # Quick retries of a failed mirror write inside the event handler; the resync pass does the rest.
 _MIRROR_ATTEMPTS = 3
+# The resync's job list: only jobs not labelled finished (`reporting.mark_finished`), a page at a time.
+UNFINISHED = UNFINISHED_SELECTOR
+# Jobs per page: a page's job names make the label selector of its RayJob list (at most 47
+# characters each, so a few kilobytes of URL).
+RESYNC_PAGE = 100
 
 
 def mirror_rayjob(
@@ -123,6 +136,10 @@ def resync_forever(kube: Kube, config: OperatorConfig, stop: threading.Event) ->
     `startup_look_seconds`."""
     logger = logging.getLogger("llmtrain.resync")
     next_resync = time.monotonic() + config.resync_seconds
+    try:  # the finished jobs on the gauge now, not a resync period after a start
+        count_finished(kube, config)
+    except Exception:
+        logger.exception("counting the finished jobs failed; the resync pass counts them again")
     while not stop.wait(max(0.0, min(config.startup_look_seconds, next_resync - time.monotonic()))):
         try:
             if time.monotonic() >= next_resync:
@@ -160,36 +177,118 @@ def look_at_starting(kube: Kube, logger: logging.Logger) -> None:
 
 def resync_all(kube: Kube, config: OperatorConfig, logger: logging.Logger) -> None:
     """Level-triggered: every unfinished job's status from its RayJob as it is now, whatever events
-    were missed or writes failed; a RayJob that is gone is created again. Jobs are listed before
-    RayJobs, so a RayJob a listed job names (created before its name was written) is in the second
-    list unless it was deleted. The gauge forgets jobs no longer listed (a DELETED event missed)."""
-    booked = PHASE_BOOK.keys()  # before listing: a job created after the lists is not dropped
+    were missed or writes failed; a RayJob that is gone is created again.
+
+    Bounded by the jobs at work, not by every job ever kept: the API server leaves out jobs
+    labelled finished (`UNFINISHED`), and each page of jobs is handled (its RayJobs listed by job
+    name) before the next is asked for. A finished job still listed (its label write failed, or
+    it finished under an older operator, or its label was removed) is labelled here. Jobs are
+    listed before their RayJobs, so a RayJob a listed job names (created before its name was
+    written) is in the second list unless it was deleted. Then the finished jobs are counted for
+    the gauge, a page at a time (`PhaseBook.count_retained`); a job in neither list (its DELETED
+    event missed) leaves the gauge."""
+    booked = PHASE_BOOK.keys()  # before listing: a job created later is not dropped
     listed: set[str] = set()
     for namespace in config.namespaces or (None,):
-        jobs = kube.list_all(JOB_RESOURCE, namespace)
-        listed.update(job_key(job["metadata"]) for job in jobs)
-        rayjobs = {
-            (r["metadata"]["namespace"], r["metadata"]["name"]): r
-            for r in kube.list_all(RAYJOB_RESOURCE, namespace, label_selector=JOB_LABEL)
-        }
-        for job in jobs:
-            status = job.get("status") or {}
-            meta = job["metadata"]
-            if finished(status) or not status.get("rayJobName") or meta.get("deletionTimestamp"):
-                continue
+        for jobs in kube.list_pages(JOB_RESOURCE, namespace, label_selector=UNFINISHED, page=RESYNC_PAGE):
+            listed.update(job_key(job["metadata"]) for job in jobs)
+            _resync_page(kube, config, namespace, jobs, logger)
+    retained = count_finished(kube, config)
+    PHASE_BOOK.forget(*(booked - listed - retained))
+
+
+def count_finished(kube: Kube, config: OperatorConfig) -> set[str]:
+    """The jobs labelled finished, by phase, for the gauge (`PhaseBook.count_retained`): Kopf does
+    not see them. A page at a time, so kept jobs cost one page of memory. A job labelled so whose
+    status has not finished (someone else labelled it) has the label taken off, or nothing would
+    ever run it. The keys counted are returned."""
+    retained: dict[str, str] = {}
+    for namespace in config.namespaces or (None,):
+        for jobs in kube.list_pages(JOB_RESOURCE, namespace, label_selector=FINISHED_LABEL, page=RESYNC_PAGE):
+            for job in jobs:
+                status = job.get("status") or {}
+                if finished(status):
+                    retained[job_key(job["metadata"])] = str(status["phase"])
+                elif not job["metadata"].get("deletionTimestamp"):
+                    unmark_unfinished(kube, job)
+    PHASE_BOOK.count_retained(retained)
+    return set(retained)
+
+
+def edit_pending(job: Mapping[str, Any]) -> bool:
+    """An edit the operator has not acted on yet (generation past status.observedGeneration): a
+    finished job edited while unlabelled stays unlabelled, and so in Kopf's view, until it has."""
+    generation = job["metadata"].get("generation")
+    observed = (job.get("status") or {}).get("observedGeneration")
+    return generation is not None and observed is not None and generation != observed
+
+
+def label_finished_jobs(kube: Kube, config: OperatorConfig, logger: logging.Logger) -> None:
+    """Before Kopf's first LIST (run by the start-up handler): each finished job not labelled yet
+    (finished under an older operator) is labelled, a page at a time, so Kopf never lists or holds
+    it; a job that failed to start has its RayJob stopped first. Kopf hands every object of its
+    LIST to a worker of its own at once, so after an upgrade it would otherwise hold every job
+    kept. A failure is logged: the resync pass labels what is left."""
+    try:
+        for namespace in config.namespaces or (None,):
+            for jobs in kube.list_pages(JOB_RESOURCE, namespace, label_selector=UNFINISHED, page=RESYNC_PAGE):
+                for job in jobs:
+                    status = job.get("status") or {}
+                    if job["metadata"].get("deletionTimestamp") or not finished(status) or edit_pending(job):
+                        continue
+                    if startup_failed(status):
+                        startup.stop_and_mark(kube, job)
+                    else:
+                        mark_finished(kube, job, status.get("rayJobName"))
+    except ApiError as err:
+        logger.warning(f"labelling the finished jobs at start-up: {err}; the resync pass goes on")
+
+
+def _resync_page(
+    kube: Kube,
+    config: OperatorConfig,
+    namespace: str | None,
+    jobs: list[dict[str, Any]],
+    logger: logging.Logger,
+) -> None:
+    """One page of listed jobs: finished ones labelled, the others resynced from their RayJobs."""
+    active: list[dict[str, Any]] = []
+    for job in jobs:
+        status = job.get("status") or {}
+        if job["metadata"].get("deletionTimestamp"):
+            continue
+        if finished(status) and edit_pending(job):
+            continue  # left in Kopf's view until the edit is observed (then `report` labels it)
+        if startup_failed(status):
             try:
-                with JOB_LOCKS.hold(job_key(meta)):
-                    _resync_one(
-                        kube, config, job, rayjobs.get((meta["namespace"], str(status["rayJobName"]))), logger
-                    )
-            except ApiError as err:
-                if err.status == 409:  # the job changed since it was listed: its own events report it
-                    continue
-                ERRORS.labels(reason=f"ResyncHttp{err.status}").inc()
-                logger.warning(f"resync of {job_key(meta)}: {err}")
-            except (ChildBeingReplaced, OwnershipConflict, LeftByEarlierJob) as exc:  # this job's trouble
-                logger.warning(f"resync of {job_key(meta)}: {exc}")
-    PHASE_BOOK.forget(*(booked - listed))
+                startup.stop_and_mark(kube, job)
+            except ApiError as err:  # the next pass tries again
+                logger.warning(f"stopping the RayJob of {job_key(job['metadata'])}: {err}")
+        elif finished(status):
+            mark_finished(kube, job, status.get("rayJobName"))
+        elif status.get("rayJobName"):
+            active.append(job)
+    if not active:
+        return
+    names = ",".join(sorted({job["metadata"]["name"] for job in active}))
+    rayjobs = {
+        (r["metadata"]["namespace"], r["metadata"]["name"]): r
+        for r in kube.list_all(RAYJOB_RESOURCE, namespace, label_selector=f"{JOB_LABEL} in ({names})")
+    }
+    for job in active:
+        meta, status = job["metadata"], job["status"]
+        try:
+            with JOB_LOCKS.hold(job_key(meta)):
+                _resync_one(
+                    kube, config, job, rayjobs.get((meta["namespace"], str(status["rayJobName"]))), logger
+                )
+        except ApiError as err:
+            if err.status == 409:  # the job changed since it was listed: its own events report it
+                continue
+            ERRORS.labels(reason=f"ResyncHttp{err.status}").inc()
+            logger.warning(f"resync of {job_key(meta)}: {err}")
+        except (ChildBeingReplaced, OwnershipConflict, LeftByEarlierJob) as exc:  # this job's trouble
+            logger.warning(f"resync of {job_key(meta)}: {exc}")
 
 
 def _resync_one(

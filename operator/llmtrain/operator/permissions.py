@@ -47,8 +47,10 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
     # noticed and its resources served (operator/settings.py). Read-only.
     Permission("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),
     # Kopf lists and watches the jobs; its bookkeeping goes to status (no annotations, no
-    # finalizers), so the main resource is never written.
-    Permission(API_GROUP, PLURAL, ("get", "list", "watch")),
+    # finalizers). The main resource is patched for one thing: the `llmtrain.dev/finished` label
+    # on a finished job, which keeps it out of Kopf's watch and the resync's lists
+    # (reporting.mark_finished).
+    Permission(API_GROUP, PLURAL, ("get", "list", "watch", "patch")),
     Permission(API_GROUP, f"{PLURAL}/status", ("patch",)),
     Permission(API_GROUP, f"{PLURAL}/finalizers", (), admission_only=("update",)),
     # The RayJob: created, adopted, kept in sync (suspend, deadlines), watched for status.

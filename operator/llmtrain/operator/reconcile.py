@@ -33,7 +33,7 @@ from llmtrain.operator.children import (
 from llmtrain.operator.config import OperatorConfig
 from llmtrain.operator.kube import ApiError, Kube
 from llmtrain.operator.metrics import ERRORS, PHASE_BOOK, RECONCILE_SECONDS
-from llmtrain.operator.reporting import JOB_RESOURCE, job_key, report
+from llmtrain.operator.reporting import JOB_RESOURCE, job_key, mark_finished, report
 from llmtrain.operator.serial import JOB_LOCKS
 from llmtrain.operator.status import (
     AUTH_UNSUPPORTED,
@@ -96,6 +96,7 @@ def _reconcile(
             stored = sync_if_present(kube, startup.stopped(objects[-1]))
             if stored is not None:
                 startup.stop(kube, stored)
+            mark_finished(kube, body, status.get("rayJobName"))  # only once it is stopped
         else:
             sync_if_present(kube, objects[-1])
         report(kube, body, None, Step.KEPT)

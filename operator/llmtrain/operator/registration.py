@@ -9,13 +9,15 @@ read, call the pure core (parse, render, `status.operator_status`) and write thr
   now, so missed events and failed writes converge.
 
 Deletion relies on ownerReference garbage collection: no finalizer, nothing to block; a job's
-DELETED event (and the resync pass, for one missed) only takes it off the `llmtrain_jobs` gauge.
+DELETED event (and the resync pass, for one missed) only takes it off the `llmtrain_jobs` gauge,
+unless the job is still stored (it left Kopf's view with its finished label).
 Configuration arrives as one `OperatorConfig` in Kopf's memo.
 """
 
 from __future__ import annotations
 
 import contextvars
+import logging
 import threading
 from typing import Any
 
@@ -31,10 +33,10 @@ from llmtrain.constants import (
     RAYJOB_PLURAL,
 )
 from llmtrain.operator.config import OperatorConfig
-from llmtrain.operator.kube import Kube
+from llmtrain.operator.kube import ApiError, Kube
 from llmtrain.operator.metrics import PHASE_BOOK
-from llmtrain.operator.mirror import mirror_rayjob, resync_forever
-from llmtrain.operator.reconcile import reconcile
+from llmtrain.operator.mirror import label_finished_jobs, mirror_rayjob, resync_forever
+from llmtrain.operator.reconcile import read_again, reconcile
 from llmtrain.operator.reporting import job_key
 
 
@@ -53,11 +55,14 @@ def register(registry: kopf.OperatorRegistry) -> None:
 
 
 def startup(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    """The API client, and the resync loop in its own thread. Not a Kopf timer: those put a
-    finalizer on every object, and one LIST of jobs and of RayJobs per period costs less than a
-    GET per job. The thread runs in this handler's context, where Kopf's Event queue is known."""
+    """The API client; finished jobs an older operator left unlabelled labelled, before Kopf's
+    watches start (`mirror.label_finished_jobs`); and the resync loop in its own thread. Not a
+    Kopf timer: those put a finalizer on every object, and one LIST of jobs and of RayJobs per
+    period costs less than a GET per job. The thread runs in this handler's context, where Kopf's
+    Event queue is known."""
     config: OperatorConfig = memo.config
     memo.kube = Kube.from_environment(connections=config.workers)
+    label_finished_jobs(memo.kube, config, logging.getLogger("llmtrain.startup"))
     memo.resync_stop = threading.Event()
     context = contextvars.copy_context()
     thread = threading.Thread(
@@ -73,9 +78,23 @@ def cleanup(memo: kopf.Memo, **_: Any) -> None:
     memo.resync_stop.set()
 
 
-def forget_deleted(event: kopf.RawEvent, meta: kopf.Meta, **_: Any) -> None:
+def forget_deleted(event: kopf.RawEvent, meta: kopf.Meta, memo: kopf.Memo, **_: Any) -> None:
     """A deleted job leaves the `llmtrain_jobs` gauge. Not a `kopf.on.delete` handler: with no
     finalizer (children go by garbage collection) Kopf sees a deletion as GONE, which runs no
-    changing handler. A DELETED event missed meanwhile is made up for by the resync pass."""
-    if event.get("type") == "DELETED":
-        PHASE_BOOK.forget(job_key(meta))
+    changing handler. A DELETED event missed meanwhile is made up for by the resync pass.
+
+    Kopf watches only unfinished jobs (settings.py), so a job labelled finished leaves its view
+    as a DELETED event too (the API server sends the object as it was before the label). Such a
+    job is still stored: read again, it stays on the gauge among the finished ones."""
+    if event.get("type") != "DELETED":
+        return
+    key = job_key(meta)
+    try:
+        stored = read_again(memo.kube, event["object"])
+    except ApiError:  # cannot tell now: the resync pass counts the finished jobs as stored
+        stored = None
+    phase = ((stored or {}).get("status") or {}).get("phase")
+    if stored is not None and phase:
+        PHASE_BOOK.retain(key, str(phase))
+    else:
+        PHASE_BOOK.forget(key)

@@ -4,7 +4,8 @@ Every path (the reconciler's first write, the RayJob mirror, the periodic resync
 permanent failures) hands `report` what it found; `status.operator_status` computes the update and
 it is written here: only if it changes something, through the status subresource (never `spec`,
 never the trainer's `progress`), with the phase recorded for the `llmtrain_jobs` gauge and an Event
-when the report asks for one.
+when the report asks for one. A job whose status is finished is labelled `llmtrain.dev/finished`
+here too (`mark_finished`), which keeps it out of the resync's lists.
 """
 
 from __future__ import annotations
@@ -15,15 +16,33 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from llmtrain.constants import GROUP_VERSION, KIND, OPERATOR_NAME, RFC3339_FORMAT
-from llmtrain.operator.kube import RESOURCES, ApiError, Kube
+from llmtrain.constants import (
+    FINISHED_LABEL,
+    GROUP_VERSION,
+    KIND,
+    OPERATOR_NAME,
+    RAY_GROUP_VERSION,
+    RAYJOB_KIND,
+    RFC3339_FORMAT,
+)
+from llmtrain.operator.kube import RESOURCES, ApiError, Kube, Resource
 from llmtrain.operator.metrics import PHASE_BOOK
-from llmtrain.operator.status import Announcement, Outcome, Report, Startup, operator_status
+from llmtrain.operator.status import (
+    Announcement,
+    Outcome,
+    Report,
+    Startup,
+    finished,
+    operator_status,
+    startup_failed,
+)
 
 JOB_RESOURCE = RESOURCES[(GROUP_VERSION, KIND)]
+RAYJOB_RESOURCE = RESOURCES[(RAY_GROUP_VERSION, RAYJOB_KIND)]
 COMPONENT = OPERATOR_NAME
 INSTANCE = socket.gethostname()  # the pod's name in a cluster
 log = logging.getLogger(__name__)
+FINISHED_VALUE = "true"
 
 
 def now() -> str:
@@ -85,6 +104,9 @@ def report(
     """
     said = operator_status(job, rayjob, outcome, now(), startup)
     written = _write(kube, job, said.update, precondition)
+    merged = {**(job.get("status") or {}), **said.update}
+    if finished(merged) and not startup_failed(merged):  # that one once its RayJob is stopped
+        mark_finished(kube, job, merged.get("rayJobName"))
     phase = said.update.get("phase")
     if said.event is not None and (
         said.announce == "always"
@@ -95,6 +117,49 @@ def report(
     ):
         announce(kube, job, said.event)
     return said
+
+
+def mark_finished(kube: Kube, job: Mapping[str, Any], rayjob_name: str | None = None) -> bool:
+    """Label a finished job `llmtrain.dev/finished` (once: a job that has it is left alone), and
+    its RayJob (`rayjob_name`, when it has one) first: both then leave Kopf's watches and the
+    resync's lists. A label is metadata: a patch of the object itself, not of its status. A
+    failure is logged, not raised: the status it follows is written, and the resync labels any
+    finished job it still lists. True when the job's label was written."""
+    meta = job["metadata"]
+    if (meta.get("labels") or {}).get(FINISHED_LABEL) == FINISHED_VALUE:
+        return False
+    body = {"metadata": {"labels": {FINISHED_LABEL: FINISHED_VALUE}}}
+    try:
+        if rayjob_name:
+            _label_if_present(kube, RAYJOB_RESOURCE, meta["namespace"], rayjob_name, body)
+        kube.merge_patch(JOB_RESOURCE, meta["namespace"], meta["name"], body)
+    except ApiError as err:
+        if err.status != 404:
+            log.warning(f"cannot label {job_key(meta)} finished yet ({err}); the resync will")
+        return False
+    return True
+
+
+def unmark_unfinished(kube: Kube, job: Mapping[str, Any]) -> None:
+    """Take the finished label off a job whose status is not finished (someone else put it there):
+    labelled, it would be out of Kopf's view and the resync's, and nothing would run it."""
+    meta = job["metadata"]
+    log.warning(f"{job_key(meta)} is labelled {FINISHED_LABEL} but has not finished: label removed")
+    try:
+        kube.merge_patch(
+            JOB_RESOURCE, meta["namespace"], meta["name"], {"metadata": {"labels": {FINISHED_LABEL: None}}}
+        )
+    except ApiError as err:
+        if err.status != 404:
+            log.warning(f"cannot remove the label of {job_key(meta)} yet ({err}); the next resync will")
+
+
+def _label_if_present(kube: Kube, res: Resource, namespace: str, name: str, body: dict[str, Any]) -> None:
+    try:
+        kube.merge_patch(res, namespace, name, body)
+    except ApiError as err:
+        if err.status != 404:
+            raise
 
 
 def _write(kube: Kube, job: Mapping[str, Any], update: dict[str, Any], precondition: bool) -> bool:

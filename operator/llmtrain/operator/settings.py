@@ -3,6 +3,13 @@
 Kopf's progress and diff base go to `status.kopf` (the CRD preserves unknown fields there), so the
 operator writes no annotations and never touches `spec`: Argo CD and Flux see no drift. No
 handler needs a finalizer, so deleting a job never waits for the operator.
+
+Kopf sees only what is at work: its LIST and WATCH of jobs and of RayJobs carry a server-side
+label selector that leaves out those labelled `llmtrain.dev/finished` (`reporting.mark_finished`),
+and its LISTs come a page at a time. Jobs kept for their history then cost the operator nothing,
+however many there are. A job that gets the label leaves Kopf's view as a DELETED watch event
+(`registration.forget_deleted` tells that from a deletion); one whose label is removed comes back
+as an ADDED event, is still finished by its status, and is labelled again.
 """
 
 from __future__ import annotations
@@ -11,10 +18,21 @@ import logging
 
 import kopf
 
-from llmtrain.constants import API_GROUP
+from llmtrain.constants import (
+    API_GROUP,
+    API_VERSION,
+    JOB_LABEL,
+    PLURAL,
+    RAY_API_GROUP,
+    RAY_API_VERSION,
+    RAYJOB_PLURAL,
+    UNFINISHED_SELECTOR,
+)
 from llmtrain.operator.config import DEFAULT_WORKERS
 
 FINALIZER = f"{API_GROUP}/operator"
+# Objects per page of Kopf's LISTs (jobs, RayJobs, CRDs): one page of bodies held at a time.
+LIST_CHUNK = 500
 
 
 def configure(
@@ -37,3 +55,10 @@ def configure(
     settings.networking.error_backoffs = [0.5, 1, 2, 4, 8, 15, 30]
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
+    settings.watching.chunk_size = LIST_CHUNK
+    # Server-side, on Kopf's LIST and WATCH alike (kopf/_cogs/clients/fetching.py, watching.py).
+    # The RayJob handler's own filter (the job label) is said here too, so the server applies it.
+    settings.watching.label_selectors[API_GROUP, API_VERSION, PLURAL] = UNFINISHED_SELECTOR
+    settings.watching.label_selectors[RAY_API_GROUP, RAY_API_VERSION, RAYJOB_PLURAL] = (
+        f"{JOB_LABEL},{UNFINISHED_SELECTOR}"
+    )

@@ -26,6 +26,7 @@ from typing import Any
 from llmtrain.api.spec import DEFAULT_STARTUP_DEADLINE_SECONDS
 from llmtrain.constants import (
     JOB_LABEL,
+    JOB_UID_LABEL,
     RAY_GROUP_VERSION,
     RAYJOB_KIND,
     SUSPENDED_BY_USER_ANNOTATION,
@@ -114,6 +115,7 @@ def mirror(kube: Kube, job: Mapping[str, Any], rayjob: Mapping[str, Any]) -> Rep
     failed = said.stop_rayjob or startup_failed(job.get("status") or {})
     if failed:
         stop(kube, rayjob)
+        reporting.mark_finished(kube, job, rayjob["metadata"]["name"])  # only once it is stopped
     STARTING.note(job, rayjob, starting(rayjob) and not failed)
     return said
 
@@ -215,6 +217,24 @@ def stop(kube: Kube, rayjob: Mapping[str, Any]) -> None:
         # Kueue owns a queued RayJob's suspend: deactivating its Workload makes Kueue suspend it.
         with contextlib.suppress(workload.WorkloadNotYet, workload.KueueUnavailable):
             workload.set_active(kube, dict(rayjob), False)
+
+
+def stop_and_mark(kube: Kube, job: Mapping[str, Any]) -> None:
+    """A job that failed to start, seen unlabelled: its RayJob stopped (when it is there and this
+    job's), then the job labelled finished. Labelled, it leaves Kopf's view and the resync's, so
+    nothing would stop the RayJob after that; `reporting.report` leaves such a job unlabelled."""
+    meta = job["metadata"]
+    name = str((job.get("status") or {}).get("rayJobName") or "")
+    if name:
+        try:
+            rayjob = kube.get(RAYJOBS, meta["namespace"], name)
+        except ApiError as err:
+            if err.status != 404:
+                raise
+        else:
+            if (rayjob["metadata"].get("labels") or {}).get(JOB_UID_LABEL) == meta.get("uid"):
+                stop(kube, rayjob)
+    reporting.mark_finished(kube, job, name or None)
 
 
 def _queued(rayjob: Mapping[str, Any]) -> bool:

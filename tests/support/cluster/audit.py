@@ -27,6 +27,7 @@ class Call:
     # Which token made it (its JTI): two processes of one ServiceAccount, each with its own token.
     credential: str = ""
     at: datetime | None = None  # when the API server received it
+    uri: str = ""  # the request's path and query as sent, e.g. a list's labelSelector and limit
 
     @property
     def permission(self) -> tuple[str, str, str]:
@@ -66,6 +67,7 @@ def calls(log: Path, user: str, since: int = 0) -> list[Call]:
                         event["user"].get("extra", {}).get("authentication.kubernetes.io/credential-id", [])
                     ),
                     at=datetime.fromisoformat(event["requestReceivedTimestamp"]),
+                    uri=event.get("requestURI", ""),
                 )
             )
     return out
