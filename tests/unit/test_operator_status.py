@@ -504,6 +504,30 @@ def test_a_resume_or_retry_does_not_flash_back_to_created() -> None:
     assert (update["phase"], observed.reason) == ("Pending", "RayJobCreated")
 
 
+def test_a_finished_job_is_never_mirrored_back_to_a_phase_under_way() -> None:
+    """A RayJob without a terminal status (stored again without one, or suspended after the end)
+    must not turn a finished job Pending, Running or Suspended: the reconciler would run it again.
+    An end the RayJob still shows is mirrored (its fields, the root cause)."""
+    from llmtrain.operator.status import Step, operator_status
+
+    for phase in ("Succeeded", "Failed"):
+        job = {"metadata": {"name": "j", "generation": 1}, "status": {"phase": phase, "rayJobName": "j"}}
+        for rayjob_status in (
+            {},
+            {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"},
+            {"jobDeploymentStatus": "Suspended"},
+        ):
+            rayjob = {"metadata": {"name": "j"}, "status": rayjob_status}
+            said = operator_status(job, rayjob, Step.MIRRORED, "t")
+            assert said.update == {} and said.event is None, (phase, rayjob_status, said)
+    done = {
+        "metadata": {"name": "j"},
+        "status": {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"},
+    }
+    job = {"metadata": {"name": "j", "generation": 1}, "status": {"phase": "Succeeded", "rayJobName": "j"}}
+    assert operator_status(job, done, Step.MIRRORED, "t").update["phase"] == "Succeeded"
+
+
 def test_one_jobs_conflict_does_not_end_the_resync_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     """The resync loop goes on to the next job when one job's RayJob cannot be created again."""
     import logging

@@ -446,6 +446,11 @@ def operator_status(
             # Suspending is not mirrored).
             return Report({})
         update, observed = derive(rayjob, status, generation, now)
+        if finished(status) and observed.phase not in TERMINAL:
+            # A finished job stays finished whatever its RayJob shows next (a RayJob stored again
+            # without its status, one a user suspended after the end): a phase that is not an end
+            # would let the reconciler start it again.
+            return Report({})
         if startup is not None:
             started = startup_status(rayjob, status, update, observed, startup, generation, now)
             if started is not None:
