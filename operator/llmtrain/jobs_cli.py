@@ -29,6 +29,7 @@ from llmtrain.constants import (
     JOB_LABEL,
     KIND,
     PLURAL,
+    SAVED_LOGS_DIR,
 )
 
 if TYPE_CHECKING:
@@ -295,7 +296,7 @@ def _print_saved_logs(session: Session, job: dict[str, Any], args: argparse.Name
     except InvalidJob as exc:
         raise CliError(f"LLMTrainingJob {session.namespace}/{args.name}: {exc}") from exc
     mount = parsed.spec.storage.mount_path
-    logs = runs_root(parsed) / parsed.metadata.name / run_id(parsed) / jobs_view.SAVED_LOGS_DIR
+    logs = runs_root(parsed) / parsed.metadata.name / run_id(parsed) / SAVED_LOGS_DIR
     wanted = jobs_view.saved_log_name(args.worker)
     image = args.image or parsed.spec.resources.image or DEFAULT_TRAINER_IMAGE
     target = Target(session.namespace, claim_name(parsed), PurePosixPath("."))

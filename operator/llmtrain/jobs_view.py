@@ -203,10 +203,6 @@ def select_pod(pods: Sequence[Obj], role: str, index: int | None = None) -> Obj:
     return max(mine, key=lambda p: (str(p["metadata"].get("creationTimestamp", "")), p["metadata"]["name"]))
 
 
-SAVED_LOGS_DIR = "logs"
-"""<run dir>/logs: the trainer's saved logs (trainer_image/llmtrain_trainer/run_logs.py writes them)."""
-
-
 def saved_log_name(worker: int | None) -> str:
     """The saved file `logs --saved` prints: the driver's, or training rank `worker`'s."""
     return "driver.log" if worker is None else f"worker-{worker}.log"

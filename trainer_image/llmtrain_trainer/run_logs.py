@@ -22,7 +22,8 @@ import socket
 import time
 from pathlib import Path
 
-LOGS_DIR = "logs"
+from llmtrain.constants import SAVED_LOGS_DIR
+
 DRIVER_LOG = "driver.log"
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -32,7 +33,7 @@ def worker_log(rank: int) -> str:
 
 
 def logs_dir(run_dir: Path) -> Path:
-    return run_dir / LOGS_DIR
+    return run_dir / SAVED_LOGS_DIR
 
 
 class RunLogHandler(logging.FileHandler):
