@@ -145,9 +145,15 @@ def test_readme_example_trains_in_real_pods_reports_progress_and_exports_a_loada
     }
     assert hosts, "no worker log lines"
 
-    # Once the Ray pods are gone, the logs the trainer saved in its run directory remain:
+    print(
+        f"\nupload {uploaded - started:.0f} s, apply to Succeeded {trained - uploaded:.0f} s, "
+        f"load {time.monotonic() - trained:.0f} s; {len(watch.rows)} distinct rows, progress {progress}"
+    )
+
+    # Once the Ray pods are gone (ttlSecondsAfterFinished after the end), the logs the trainer
+    # saved in its run directory remain:
     # `llmtrain logs --saved` reads them through a short-lived read-only pod (then deleted).
-    jobs.wait_no_ray_pods(cluster, namespace, name)
+    jobs.wait_no_ray_pods(cluster, namespace, name, timeout=400)  # the Ray cluster's 300 s TTL
     reader = ["-n", namespace, "--saved", "--image", release.trainer_image]
     saved = jobs.llmtrain(cluster, "logs", name, *reader, "--worker", "0")
     max_steps = example["spec"]["training"]["maxSteps"]
@@ -156,7 +162,3 @@ def test_readme_example_trains_in_real_pods_reports_progress_and_exports_a_loada
     assert f"{directory}/logs/worker-0.log" in saved.stderr and "driver.log" in saved.stderr, saved.stderr
     driver = jobs.llmtrain(cluster, "logs", name, *reader)
     assert f"run {uid}" in driver.stdout and "finished; export in" in driver.stdout, driver.stdout[-3000:]
-    print(
-        f"\nupload {uploaded - started:.0f} s, apply to Succeeded {trained - uploaded:.0f} s, "
-        f"load {time.monotonic() - trained:.0f} s; {len(watch.rows)} distinct rows, progress {progress}"
-    )
