@@ -86,6 +86,7 @@ CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILENAME}"
 # The shared storage: spec.storage.mountPath's default, and the export beside a run's checkpoints.
 DEFAULT_MOUNT_PATH = "/mnt/llmtrain"
 EXPORT_DIR = "export"
+SAVED_LOGS_DIR = "logs"  # <run dir>/logs: the trainer's saved logs (run_logs.py), `llmtrain logs --saved`
 # Where `llmtrain run` keeps local runs unless told otherwise.
 LOCAL_RUNS_DIR = "llmtrain-runs"
 

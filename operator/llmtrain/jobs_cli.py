@@ -15,13 +15,22 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from llmtrain import jobs_view
-from llmtrain.constants import API_GROUP, API_VERSION, GROUP_VERSION, JOB_LABEL, KIND, PLURAL
+from llmtrain.constants import (
+    API_GROUP,
+    API_VERSION,
+    DEFAULT_TRAINER_IMAGE,
+    GROUP_VERSION,
+    JOB_LABEL,
+    KIND,
+    PLURAL,
+    SAVED_LOGS_DIR,
+)
 
 if TYPE_CHECKING:
     from llmtrain.operator.kube import Kube
@@ -239,18 +248,71 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    refusal = saved_logs_refusal(args)
+    if refusal:
+        raise CliError(refusal)
     session = Session(args)
-    session.get_job(args.name)  # a clear "not found" for a typo, rather than "no pods"
+    job = session.get_job(args.name)  # a clear "not found" for a typo, rather than "no pods"
+    if args.saved:
+        return _print_saved_logs(session, job, args)
     role = "worker" if args.worker is not None else ("head" if args.head else "submitter")
     pods = session.kube.list_all(session.pods, session.namespace, label_selector=f"{JOB_LABEL}={args.name}")
     try:
         pod = jobs_view.select_pod(pods, role, args.worker)
     except jobs_view.PodNotFound as exc:
-        raise CliError(f"LLMTrainingJob {session.namespace}/{args.name}: {exc}") from exc
+        hint = jobs_view.saved_logs_hint(args.name, args.worker) if not pods else ""
+        raise CliError(f"LLMTrainingJob {session.namespace}/{args.name}: {exc}{hint}") from exc
     name = pod["metadata"]["name"]
     container = pod["spec"]["containers"][0]["name"]
     print(f"==> pod {name} ({role}), container {container}", file=sys.stderr)
     _stream_log(session, name, container, follow=args.follow, tail=args.tail)
+    return 0
+
+
+def saved_logs_refusal(args: argparse.Namespace) -> str | None:
+    """What `--saved` cannot be combined with: the files are read once, and the head has none."""
+    if not args.saved:
+        return None
+    if args.head:
+        return "--saved has the driver's log (the default) and each rank's (--worker N); the head saves none"
+    if args.follow:
+        return "--saved prints the saved files as they are; --follow needs a live pod (drop --saved)"
+    return None
+
+
+def _print_saved_logs(session: Session, job: dict[str, Any], args: argparse.Namespace) -> int:
+    """The files the trainer appended to `<run dir>/logs/`, read by a short-lived pod that mounts
+    the job's claim read-only (the upload pod's shape: restricted Pod Security, the Ray pods' UID
+    and fsGroup), then deleted."""
+    from kubernetes import client
+
+    from llmtrain.api.validation import InvalidJob, parse_job
+    from llmtrain.render.storage import claim_name
+    from llmtrain.render.trainer_config import run_id, runs_root
+    from llmtrain.upload import Target, Uploader, UploadError
+
+    try:
+        parsed = parse_job(job)
+    except InvalidJob as exc:
+        raise CliError(f"LLMTrainingJob {session.namespace}/{args.name}: {exc}") from exc
+    mount = parsed.spec.storage.mount_path
+    logs = runs_root(parsed) / parsed.metadata.name / run_id(parsed) / SAVED_LOGS_DIR
+    wanted = jobs_view.saved_log_name(args.worker)
+    image = args.image or parsed.spec.resources.image or DEFAULT_TRAINER_IMAGE
+    target = Target(session.namespace, claim_name(parsed), PurePosixPath("."))
+    reader = Uploader(client.CoreV1Api(session.api), log=lambda line: print(line, file=sys.stderr))
+    try:
+        listing, text = reader.read_files(target, image, mount, str(logs), wanted, tail=args.tail)
+    except UploadError as exc:
+        raise CliError(str(exc)) from exc
+    if wanted not in listing:
+        raise CliError(jobs_view.no_saved_log(f"{session.namespace}/{args.name}", str(logs), wanted, listing))
+    print(f"==> {logs}/{wanted} on claim {target.claim} (saved by the trainer)", file=sys.stderr)
+    others = [f for f in listing if f != wanted]
+    if others:
+        print(f"    also saved: {', '.join(others)}", file=sys.stderr)
+    sys.stdout.write(text)
+    sys.stdout.flush()
     return 0
 
 
@@ -338,7 +400,9 @@ def add_commands(sub: Any) -> None:
         "logs",
         help="the trainer's logs: the submitter pod's (default), the head's or a worker's",
         description="Print the logs of one of the job's pods: the submitter (the Ray job's driver "
-        "output, the default), the Ray head (--head) or worker N (--worker N, in name order).",
+        "output, the default), the Ray head (--head) or worker N (--worker N, in name order). "
+        "With --saved, the files the trainer appended to <run dir>/logs on the job's storage, which "
+        "outlive the pods: the driver's (default) or training rank N's (--worker N).",
     )
     p.add_argument("name")
     which = p.add_mutually_exclusive_group()
@@ -346,6 +410,16 @@ def add_commands(sub: Any) -> None:
     which.add_argument("--worker", type=int, metavar="N", help="worker pod N (0-based, in name order)")
     p.add_argument("-f", "--follow", action="store_true", help="keep streaming new lines")
     p.add_argument("--tail", type=int, help="only the last N lines")
+    p.add_argument(
+        "--saved",
+        action="store_true",
+        help="the logs the trainer saved in its run directory (they outlive the pods): the driver's, "
+        "or rank N's with --worker N; read by a short-lived pod that mounts the job's claim read-only",
+    )
+    p.add_argument(
+        "--image",
+        help="image of the --saved reader pod (needs sh, ls, tail; default: the job's trainer image)",
+    )
     _cluster_flags(p)
     p.set_defaults(func=_guarded(cmd_logs, "logs"))
 

@@ -201,3 +201,24 @@ def select_pod(pods: Sequence[Obj], role: str, index: int | None = None) -> Obj:
             )
         return ordered[position]
     return max(mine, key=lambda p: (str(p["metadata"].get("creationTimestamp", "")), p["metadata"]["name"]))
+
+
+def saved_log_name(worker: int | None) -> str:
+    """The saved file `logs --saved` prints: the driver's, or training rank `worker`'s."""
+    return "driver.log" if worker is None else f"worker-{worker}.log"
+
+
+def saved_logs_hint(name: str, worker: int | None) -> str:
+    """Appended to "no pods" once a job's pods are gone: the trainer's saved logs outlive them."""
+    which = "" if worker is None else f" --worker {worker}"
+    return (
+        f"; the logs the trainer saved in its run directory outlive its pods: "
+        f"llmtrain logs {name} --saved{which}"
+    )
+
+
+def no_saved_log(job: str, directory: str, wanted: str, listing: Sequence[str]) -> str:
+    """Why `logs --saved` has nothing to print, and what there is instead."""
+    if not listing:
+        return f"LLMTrainingJob {job}: no saved logs in {directory} (the trainer has not started yet)"
+    return f"LLMTrainingJob {job}: no {wanted} in {directory}; saved: {', '.join(listing)}"

@@ -71,8 +71,11 @@ def tar_stream(source: Path) -> bytes:
     return buffer.getvalue()
 
 
-def upload_pod(target: Target, image: str, name: str, mount_path: str = DEFAULT_MOUNT_PATH) -> dict[str, Any]:
-    """The pod that holds the claim open while the tar goes in. Pure, for tests."""
+def upload_pod(
+    target: Target, image: str, name: str, mount_path: str = DEFAULT_MOUNT_PATH, read_only: bool = False
+) -> dict[str, Any]:
+    """The pod that holds the claim open while the tar goes in (or, `read_only`, while `llmtrain
+    logs --saved` reads the trainer's saved logs). Pure, for tests."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -96,7 +99,13 @@ def upload_pod(target: Target, image: str, name: str, mount_path: str = DEFAULT_
                         "requests": {"cpu": "100m", "memory": "128Mi"},
                         "limits": {"cpu": "1", "memory": "512Mi"},
                     },
-                    "volumeMounts": [{"name": "storage", "mountPath": mount_path}],
+                    "volumeMounts": [
+                        {
+                            "name": "storage",
+                            "mountPath": mount_path,
+                            **({"readOnly": True} if read_only else {}),
+                        }
+                    ],
                 }
             ],
             "volumes": [{"name": "storage", "persistentVolumeClaim": {"claimName": target.claim}}],
@@ -186,6 +195,32 @@ class Uploader:
             f"{target.namespace}/{target.claim}:{target.directory}"
         )
         return expected
+
+    def read_files(
+        self, target: Target, image: str, mount_path: str, directory: str, name: str, tail: int | None = None
+    ) -> tuple[list[str], str]:
+        """The file names in `directory` (absolute, inside the pod) and the text of `name` there
+        ("" when it is missing), through a pod that mounts the claim read-only at `mount_path`."""
+        pod = f"llmtrain-logs-{secrets.token_hex(3)}"
+        self.core.create_namespaced_pod(
+            target.namespace, upload_pod(target, image, pod, mount_path, read_only=True)
+        )
+        try:
+            self._wait_running(target.namespace, pod, 300)
+            listing = self._exec(
+                target.namespace,
+                pod,
+                ["sh", "-c", 'if [ -d "$1" ]; then ls -1 "$1"; fi', "sh", directory],
+            ).split()
+            if name not in listing:
+                return listing, ""
+            path = str(PurePosixPath(directory) / name)
+            text = self._exec(
+                target.namespace, pod, ["tail", "-n", str(tail), path] if tail is not None else ["cat", path]
+            )
+        finally:
+            self.core.delete_namespaced_pod(pod, target.namespace, grace_period_seconds=0)
+        return listing, text
 
     def _wait_running(self, namespace: str, name: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout

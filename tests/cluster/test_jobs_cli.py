@@ -253,6 +253,12 @@ def test_delete_removes_the_job_and_refuses_an_unknown_one(
 ) -> None:
     apply_doc(cluster, tiny_job("gone", namespace, **{"spec.runPolicy.suspend": True}))
     wait_phase(cluster, namespace, "gone", "Suspended")
+    # A job without pods (suspended, or finished and cleaned up): `logs` points at the saved logs.
+    podless = llmtrain(cluster, "logs", "gone", "-n", namespace, "--worker", "1")
+    assert podless.returncode == 1 and "no worker pod (it has no pods now)" in podless.stderr, podless
+    assert "saved in its run directory outlive its pods: llmtrain logs gone --saved --worker 1" in (
+        podless.stderr
+    ), podless.stderr
     done = llmtrain(cluster, "delete", "gone", "-n", namespace)
     assert done.returncode == 0, done.stderr
     assert done.stdout == 'llmtrainingjob.llmtrain.dev "gone" deleted\n'

@@ -144,7 +144,20 @@ def test_readme_example_trains_in_real_pods_reports_progress_and_exports_a_loada
         line.split("ip=")[1].split(")")[0] for line in watch.story(cluster).splitlines() if "ip=" in line
     }
     assert hosts, "no worker log lines"
+
     print(
         f"\nupload {uploaded - started:.0f} s, apply to Succeeded {trained - uploaded:.0f} s, "
         f"load {time.monotonic() - trained:.0f} s; {len(watch.rows)} distinct rows, progress {progress}"
     )
+
+    # The logs the trainer saved in its run directory outlive the Ray pods (gone the job's
+    # ttlSecondsAfterFinished after the end, 300 s, not waited for here): `llmtrain logs --saved`
+    # reads them from the volume through a short-lived read-only pod of its own (then deleted).
+    reader = ["-n", namespace, "--saved", "--image", release.trainer_image]
+    saved = jobs.llmtrain(cluster, "logs", name, *reader, "--worker", "0")
+    max_steps = example["spec"]["training"]["maxSteps"]
+    assert f"step {max_steps}/{max_steps}" in saved.stdout, saved.stdout[-3000:] + saved.stderr
+    assert "===== worker rank 0 attempt started" in saved.stdout, saved.stdout[:2000]
+    assert f"{directory}/logs/worker-0.log" in saved.stderr and "driver.log" in saved.stderr, saved.stderr
+    driver = jobs.llmtrain(cluster, "logs", name, *reader)
+    assert f"run {uid}" in driver.stdout and "finished; export in" in driver.stdout, driver.stdout[-3000:]

@@ -196,6 +196,7 @@ def run_local(
     from llmtrain_trainer.main import TrainingError, run_training
     from llmtrain_trainer.modes import mode_for
     from llmtrain_trainer.preflight import PreflightError, check
+    from llmtrain_trainer.run_logs import attach_driver, detach, logs_dir, note
 
     try:
         check(config)
@@ -216,18 +217,26 @@ def run_local(
         log_to_driver=False,
         logging_level=logging.WARNING,
     )
+    saved = attach_driver(run_dir)
+    note(saved, f"training {config.run_name} with {workers} workers ({described})", logging.INFO)
     try:
+        # Progress lines go to the workers' own logs (their saved files; Ray keeps their stderr
+        # off this console), as in a pod; the console shows the progress bar.
         with ConsoleProgress(run_dir / METRICS_FILE):
-            run_training(config, LoopOptions(log_lines=False))
+            run_training(config, LoopOptions(log_lines=True))
     except TrainingError as exc:
+        note(saved, f"training failed: {exc}")
         console.print(f"[red]training failed:[/red] {escape(str(exc))}", highlight=False)
-        console.print("Worker logs: /tmp/ray/session_latest/logs (worker-*.err). Run again to resume.")
+        console.print(
+            f"Worker logs: {escape(str(logs_dir(run_dir)))} (worker-<rank>.log). Run again to resume."
+        )
         return 1
     except (KeyboardInterrupt, SystemExit):
         # Ray Train's own Ctrl-C handler aborts the run and may exit through SystemExit.
         pass
     finally:
         ray.shutdown()
+        detach(saved)
     if not is_finished(config, RunResult.read(run_dir)):
         latest = latest_checkpoint(run_dir)
         where = f"from {latest.name}" if latest else "from the start (no checkpoint was written yet)"

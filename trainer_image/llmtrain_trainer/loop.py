@@ -20,6 +20,7 @@ from llmtrain_trainer.distributed import WorkerEnv
 from llmtrain_trainer.fabric_check import check_fabric, should_check
 from llmtrain_trainer.lifecycle import Lifecycle, LoopOptions
 from llmtrain_trainer.modes import mode_for
+from llmtrain_trainer.run_logs import attach_worker, detach
 
 
 def loop_config(config: TrainerConfig, options: LoopOptions | None = None, **extra: Any) -> dict[str, Any]:
@@ -41,12 +42,19 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     config = TrainerConfig.model_validate(loop_config["trainer_config"])
     options = LoopOptions.from_dict(loop_config.get("options", {}))
     env = WorkerEnv.from_ray_context()
-    if should_check(config.network.nccl_profile, env.on_gpu):
-        check_fabric(config.network, lambda: _first_collective(env))
     run_dir = Path(ray.train.get_context().get_storage().experiment_fs_path)
-    mode = mode_for(config.trainer.type)
-    with Lifecycle(config, env, run_dir, options, mode) as lifecycle:
-        mode.run(config, env, run_dir, lifecycle)
+    saved = attach_worker(run_dir, env.rank)  # this rank's log, kept on the shared storage
+    try:
+        if should_check(config.network.nccl_profile, env.on_gpu):
+            check_fabric(config.network, lambda: _first_collective(env))
+        mode = mode_for(config.trainer.type)
+        with Lifecycle(config, env, run_dir, options, mode) as lifecycle:
+            mode.run(config, env, run_dir, lifecycle)
+    except BaseException:
+        logging.getLogger("llmtrain_trainer").exception("training failed on rank %d", env.rank)
+        raise
+    finally:
+        detach(saved)
 
 
 def _first_collective(env: WorkerEnv) -> None:

@@ -25,6 +25,7 @@ from llmtrain_trainer.lifecycle import LoopOptions
 from llmtrain_trainer.loop import loop_config, train_loop_per_worker
 from llmtrain_trainer.preflight import PreflightError, check
 from llmtrain_trainer.ray_version import RayVersionMismatch, check_ray_version
+from llmtrain_trainer.run_logs import RunLogHandler, attach_driver, detach, note
 from llmtrain_trainer.weights import with_model_folder
 
 log = logging.getLogger("llmtrain_trainer")
@@ -124,10 +125,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
+    saved = attach_driver(Path(config.run_dir))  # the pod log's copy on the shared storage
+    try:
+        return _run(config, saved)
+    except BaseException:
+        log.exception("the trainer's driver failed")
+        raise
+    finally:
+        detach(saved)
+
+
+def _run(config: TrainerConfig, handler: RunLogHandler | None) -> int:
     try:
         check(config)
     except PreflightError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
+        note(handler, f"{PROG}: error: {exc}")
         report_failure(config, str(exc))  # e.g. a bad trainer.custom.function, in the job status
         return 2
 
@@ -138,6 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.warning("%s", warning)
     except RayVersionMismatch as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
+        note(handler, f"{PROG}: error: {exc}")
         report_failure(config, str(exc))  # in the job status, with the field to fix
         return 2
     if not ray.is_initialized():
@@ -147,6 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_training(config)
     except TrainingError as exc:
         print(f"{PROG}: error: training failed: {exc}", file=sys.stderr)
+        note(handler, f"{PROG}: error: training failed: {exc}")
         report_failure(config, str(exc))  # the operator shows it in the job status
         return 1
     log.info(

@@ -7,6 +7,8 @@ checkpoint_manager_snapshot.json   Ray Train's record of them (what a restart re
 metrics.jsonl               rank 0's progress records, appended across attempts
 result.json                 `RunResult`, written by rank 0 when the run has finished (lifecycle.py)
 export/                     the Hugging Face export (never a reported checkpoint)
+logs/driver.log, logs/worker-N.log   the driver's and each rank's log lines, appended across
+                            attempts (run_logs.py; `llmtrain logs NAME --saved` reads them)
 .watchdog/rank-N.json       each rank's step and phase, for naming a stuck rank (watchdog.py)
 summary.json, loss_curve.png   written by `llmtrain run`
 

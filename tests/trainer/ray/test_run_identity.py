@@ -126,3 +126,17 @@ def test_resume_from_checkpoint_takes_the_weights_with_a_fresh_schedule(runs: Ru
     assert seeded_loss[1] < first_loss[1] - 0.5
     assert seeded_loss[1] < first_loss[STEPS] + 0.2
     assert result(runs.seeded)["resume_from"].startswith("checkpoint ")
+
+
+def test_each_rank_saved_its_log_with_both_attempts(runs: Runs) -> None:
+    """run_logs.py under Ray Train: uid-a's two attempts (6 steps, then resumed for 3 more) each
+    appended to every rank's `logs/worker-<rank>.log`, the resume's restore line after the second
+    separator."""
+    logs = run_dir(runs.first) / "logs"
+    assert sorted(p.name for p in logs.iterdir()) == ["worker-0.log", "worker-1.log"]
+    for rank in (0, 1):
+        text = (logs / f"worker-{rank}.log").read_text()
+        attempts = text.split(f"===== worker rank {rank} attempt started ")
+        assert len(attempts) == 3 and not attempts[0], text[:2000]
+        assert "restoring step" not in attempts[1], attempts[1][-2000:]
+        assert f"restoring step {STEPS} from" in attempts[2], attempts[2][-2000:]

@@ -63,6 +63,26 @@ def test_a_training_failure_with_square_brackets_is_shown_as_is(
     assert f"training failed: {GLOO_TIMEOUT}" in out
 
 
+def test_a_failed_local_run_saves_it_in_the_run_directorys_driver_log(
+    tmp_path: Path, no_ray: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`llmtrain run` leaves the cluster's log files in the local run directory and points there."""
+    from llmtrain_trainer.main import TrainingError
+
+    def fail(*args: Any, **kwargs: Any) -> None:
+        raise TrainingError("RuntimeError on rank 1: boom")
+
+    monkeypatch.setattr("llmtrain_trainer.main.run_training", fail)
+    assert local.run_local(write_job(tmp_path), tmp_path / "runs") == 1
+    out = " ".join(capsys.readouterr().out.split())
+    (driver,) = (tmp_path / "runs").glob("*/*/logs/driver.log")
+    assert f"WorkerLogs:{driver.parent}(worker-<rank>.log)".lower() in out.replace(" ", "").lower(), out
+    text = driver.read_text()
+    assert (
+        "INFO llmtrain_trainer: training " in text and "training failed: RuntimeError on rank 1: boom" in text
+    )
+
+
 def test_a_preflight_error_with_square_brackets_is_shown_as_is(
     tmp_path: Path, no_ray: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
