@@ -62,7 +62,9 @@ def test_bad_reference_fails_before_workers_start(
     assert main(["--config", str(write_config(config, tmp_path / "c.json"))]) == 2
     err = capsys.readouterr().err
     assert f"trainer.custom.function {function!r}" in err and expected in err, err
-    assert not (tmp_path / "runs" / "bad-ref").exists(), "no run was started"
+    run = tmp_path / "runs" / "bad-ref"
+    written = sorted(str(p.relative_to(run)) for p in run.rglob("*")) if run.exists() else []
+    assert written in ([], ["logs", "logs/driver.log"]), f"no run was started, only its log: {written}"
 
 
 def test_good_reference_passes_preflight(tmp_path: Path, code: Path) -> None:
