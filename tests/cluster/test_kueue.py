@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from llmtrain.constants import FINISHED_LABEL
 
 from tests.support.cluster import nodes
 from tests.support.cluster.cluster import Cluster
@@ -534,8 +535,17 @@ def test_a_workload_kueue_deactivated_stays_inactive_and_fails_the_job(
     assert condition({"status": status}, "Failed").get("reason") == "KueueDeactivated", status
 
     # A reconcile (a label edit) and an operator restart: the Workload stays inactive, nothing of the
-    # job runs again, and the job stays Failed.
-    cluster.kubectl("label", "llmtj", "capped", "-n", namespace, "touched=1")
+    # job runs again, and the job stays Failed. A finished job is labelled out of the operator's
+    # watch; the edit drops that label, as a GitOps re-apply may, so the operator handles it.
+    wait_for(
+        lambda: (
+            (get(cluster, "llmtj", "capped", namespace) or {})["metadata"]
+            .get("labels", {})
+            .get(FINISHED_LABEL)
+        ),
+        what="the finished job labelled",
+    )
+    cluster.kubectl("label", "llmtj", "capped", "-n", namespace, "touched=1", f"{FINISHED_LABEL}-")
     wait_for(
         lambda: (handled_labels(cluster, namespace, "capped") or {}).get("touched") == "1",
         what="the operator handling the label edit",
