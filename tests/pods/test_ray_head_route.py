@@ -10,6 +10,8 @@ the fake dashboard. Here a busybox httpd on port 8265 plays the head.
 from __future__ import annotations
 
 import json
+import time
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -33,16 +35,28 @@ def _head_service(name: str, namespace: str, app: str, *, headless: bool = False
     return {"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": spec}
 
 
-def _job_through_proxy(cluster: Cluster, service: str, namespace: str) -> dict[str, Any]:
-    """What KubeRay's dashboard client gets: an absolute-URI request through HTTP_PROXY."""
+def _job_through_proxy(cluster: Cluster, service: str, namespace: str, within: float = 90) -> dict[str, Any]:
+    """What KubeRay's dashboard client gets: an absolute-URI request through HTTP_PROXY. Asked
+    again (as KubeRay's client is, at its next reconcile) until `within` has passed: a Service's
+    endpoints read ready before kube-proxy has written its rules, and on a loaded machine a first
+    connection to a fresh ClusterIP can hang until then."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": cluster.dashboard}))
     request = urllib.request.Request(
         f"http://{service}.{namespace}.svc.cluster.local:{DASHBOARD_PORT}/api/jobs/probe",
         headers={"x-ray-authorization": "Bearer a-token"},
     )
-    with opener.open(request, timeout=30) as response:
-        body: dict[str, Any] = json.load(response)
-        return body
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            with opener.open(request, timeout=10) as response:
+                body: dict[str, Any] = json.load(response)
+                return body
+        except (TimeoutError, urllib.error.URLError) as exc:
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{service}: no answer through the proxy in {within:.0f} s: {exc}"
+                ) from exc
+            time.sleep(2)
 
 
 def _endpoint_nodes(cluster: Cluster, service: str, namespace: str) -> set[str]:
