@@ -30,6 +30,7 @@ from tests.support.cluster.steps import (
     get,
     items,
     job_status,
+    patch_status,
     wait_for,
     wait_phase,
 )
@@ -79,21 +80,6 @@ def _as_stored(want: object, got: object) -> object:
     return want
 
 
-def _patch_status(cluster: Cluster, namespace: str, name: str, status: dict[str, Any]) -> None:
-    cluster.kubectl(
-        "patch",
-        "llmtj",
-        name,
-        "-n",
-        namespace,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps({"status": status}),
-    )
-
-
-# ---- what it creates ----------------------------------------------------------------------------
 def test_every_child_is_created_as_rendered_with_a_controller_reference(
     cluster: Cluster, operator: OperatorProcess, namespace: str
 ) -> None:
@@ -401,7 +387,7 @@ def test_the_trainers_progress_survives_the_operators_status_writes(
         "loss": 2.5,
         "updatedAt": "2026-11-23T10:00:00Z",
     }
-    _patch_status(cluster, namespace, "progress", {"progress": progress})
+    patch_status(cluster, namespace, "progress", {"progress": progress})
     wait_phase(cluster, namespace, "progress", "Running")
     cluster.kubectl(
         "patch",
@@ -432,7 +418,7 @@ def test_a_failure_message_carries_the_trainers_root_cause(
     apply_doc(cluster, with_path(cpu_job("oom", namespace), "spec.runPolicy.maxRetries", 0))
     wait_phase(cluster, namespace, "oom", "Running")
     error = "OutOfMemoryError on rank 3: CUDA out of memory. Tried to allocate 2.00 GiB"
-    _patch_status(cluster, namespace, "oom", {"progress": {"step": 7, "error": error}})
+    patch_status(cluster, namespace, "oom", {"progress": {"step": 7, "error": error}})
     try:
         end_ray_job(cluster, namespace, "oom", succeed=False, message="exit code 1")
         status = wait_phase(cluster, namespace, "oom", "Failed", "Succeeded")

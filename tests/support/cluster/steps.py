@@ -345,8 +345,8 @@ def touch_job_pods(cluster: Cluster, namespace: str) -> None:
     )
 
 
-def set_progress(cluster: Cluster, namespace: str, name: str, progress: dict[str, Any]) -> None:
-    """What the trainer's rank 0 patches (status subresource, merge patch)."""
+def patch_status(cluster: Cluster, namespace: str, name: str, status: dict[str, Any]) -> None:
+    """A merge patch of the job's status subresource."""
     cluster.kubectl(
         "patch",
         "llmtj",
@@ -356,8 +356,13 @@ def set_progress(cluster: Cluster, namespace: str, name: str, progress: dict[str
         "--subresource=status",
         "--type=merge",
         "-p",
-        json.dumps({"status": {"progress": progress}}),
+        json.dumps({"status": status}),
     )
+
+
+def set_progress(cluster: Cluster, namespace: str, name: str, progress: dict[str, Any]) -> None:
+    """What the trainer's rank 0 patches (status subresource, merge patch)."""
+    patch_status(cluster, namespace, name, {"progress": progress})
 
 
 def table(text: str) -> list[dict[str, str]]:
