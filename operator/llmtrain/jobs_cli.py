@@ -235,8 +235,10 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_delete(args: argparse.Namespace) -> int:
     from llmtrain.operator.kube import ApiError
+    from llmtrain.render.names import pvc_name
 
     session = Session(args)
+    job = session.get_job(args.name)
     try:
         session.kube.request("DELETE", session.jobs.path(session.namespace, args.name))
     except ApiError as exc:
@@ -244,6 +246,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
             raise CliError(f"LLMTrainingJob {session.namespace}/{args.name} not found") from exc
         raise
     print(f'llmtrainingjob.{API_GROUP} "{args.name}" deleted')
+    print(jobs_view.storage_after_delete(job, pvc_name(args.name)))
     return 0
 
 
@@ -423,7 +426,10 @@ def add_commands(sub: Any) -> None:
     _cluster_flags(p)
     p.set_defaults(func=_guarded(cmd_logs, "logs"))
 
-    p = sub.add_parser("delete", help="delete a job (its Ray cluster and the claim it created go too)")
+    p = sub.add_parser(
+        "delete",
+        help="delete a job and its Ray cluster; says whether its storage is kept (storage.create.reclaim)",
+    )
     p.add_argument("name")
     _cluster_flags(p)
     p.set_defaults(func=_guarded(cmd_delete, "delete"))

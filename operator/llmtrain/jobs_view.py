@@ -222,3 +222,23 @@ def no_saved_log(job: str, directory: str, wanted: str, listing: Sequence[str]) 
     if not listing:
         return f"LLMTrainingJob {job}: no saved logs in {directory} (the trainer has not started yet)"
     return f"LLMTrainingJob {job}: no {wanted} in {directory}; saved: {', '.join(listing)}"
+
+
+def storage_after_delete(job: Obj, pvc: str) -> str:
+    """What `llmtrain delete` says of the job's storage, from its stored spec: whether the runs and
+    the exported model on it are still there, and how to free the space if so. `pvc` is the name
+    of a created claim (`<job>-storage`, shortened past the name limit)."""
+    storage = (job.get("spec") or {}).get("storage") or {}
+    namespace = (job.get("metadata") or {}).get("namespace", "")
+    if storage.get("claimName"):
+        return f'persistentvolumeclaim "{storage["claimName"]}" kept (storage.claimName: it is yours)'
+    if (storage.get("create") or {}).get("reclaim", "Retain") == "Delete":
+        return (
+            f'persistentvolumeclaim "{pvc}" deleted with it, and every run and model on it '
+            "(storage.create.reclaim: Delete)"
+        )
+    return (
+        f'persistentvolumeclaim "{pvc}" kept with its runs and models (storage.create.reclaim: Retain); '
+        f"a job applied again under this name uses it again. Free the space with: "
+        f"kubectl delete pvc {pvc} -n {namespace}"
+    )

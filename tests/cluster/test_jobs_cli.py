@@ -261,7 +261,13 @@ def test_delete_removes_the_job_and_refuses_an_unknown_one(
     ), podless.stderr
     done = llmtrain(cluster, "delete", "gone", "-n", namespace)
     assert done.returncode == 0, done.stderr
-    assert done.stdout == 'llmtrainingjob.llmtrain.dev "gone" deleted\n'
+    assert done.stdout == (
+        'llmtrainingjob.llmtrain.dev "gone" deleted\n'
+        'persistentvolumeclaim "gone-storage" kept with its runs and models '
+        "(storage.create.reclaim: Retain); a job applied again under this name uses it again. "
+        "Free the space with: "
+        f"kubectl delete pvc gone-storage -n {namespace}\n"
+    ), done.stdout
     wait_for(lambda: get(cluster, "llmtj", "gone", namespace) is None, what="the job gone")
 
     for verb in ("delete", "status", "watch", "logs"):

@@ -567,8 +567,9 @@ def test_a_submitter_pod_that_exits_is_run_again_and_reattaches_without_using_a_
 def test_deleting_the_job_garbage_collects_every_child(
     cluster: Cluster, operator: OperatorProcess, ns: str
 ) -> None:
-    # A claim the job creates (storage.create) goes with it; the example's own named claim would not.
-    created = {"create": {"size": "1Gi", "storageClassName": "shared-rwx"}}
+    # A claim the job creates with `reclaim: Delete` goes with it (Retain, the default, and the
+    # example's own named claim would not: test_reconcile's retained-claim test).
+    created = {"create": {"size": "1Gi", "storageClassName": "shared-rwx", "reclaim": "Delete"}}
     apply_doc(cluster, _example(TINY, ns, spec__storage=created))
     status = wait_phase(cluster, ns, TINY, "Running")
     job = get(cluster, "llmtj", TINY, ns)

@@ -226,6 +226,81 @@ def test_a_job_applied_again_after_an_orphaning_delete_trains_its_new_spec_never
         assert len(items(cluster, CHILD_KINDS[kind], namespace, "llmtrain.dev/job=again")) == 1, kind
 
 
+def test_a_retained_claim_outlives_its_job_and_a_namesake_mounts_it_again(
+    cluster: Cluster, operator: OperatorProcess, namespace: str
+) -> None:
+    """`storage.create.reclaim: Retain`, the default: the claim the job created has no owner, so
+    the garbage collector deletes every other child with the job and leaves the claim (the model
+    on it). The job applied again under its name mounts that same claim, relabelled with the new
+    uid and still without an owner; its run goes to a directory of its own (the new uid). A claim
+    this job owns, as operators before `reclaim` made every created claim, loses that owner at
+    the next reconcile: the spec says Retain."""
+    doc = cpu_job("keep", namespace, reclaim="Retain")
+    apply_doc(cluster, with_path(doc, "spec.runPolicy.suspend", True))
+    job = wait_for(lambda: get(cluster, "llmtj", "keep", namespace), what="the job")
+    first_uid = job["metadata"]["uid"]
+    claim = wait_for(lambda: get(cluster, "pvc", "keep-storage", namespace), what="the claim")
+    assert not claim["metadata"].get("ownerReferences"), claim["metadata"]
+    assert claim["metadata"]["labels"]["llmtrain.dev/job-uid"] == first_uid
+    owner = {
+        "apiVersion": job["apiVersion"],
+        "kind": job["kind"],
+        "name": "keep",
+        "uid": first_uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    cluster.kubectl(
+        "patch",
+        "pvc",
+        "keep-storage",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        json.dumps({"metadata": {"ownerReferences": [owner]}}),
+    )
+    apply_doc(cluster, doc)  # resumed: a reconcile
+    wait_for(
+        lambda: not (get(cluster, "pvc", "keep-storage", namespace) or {})["metadata"].get("ownerReferences"),
+        what="the owner of a claim the spec retains dropped",
+    )
+    finish_job(cluster, namespace, "keep")
+    assert claim["metadata"]["labels"]["llmtrain.dev/job-uid"] == first_uid
+    cluster.kubectl("delete", "llmtj", "keep", "-n", namespace, "--wait=true")
+    wait_for(
+        lambda: all(
+            get(cluster, CHILD_KINDS[kind], obj["metadata"]["name"], namespace) is None
+            for obj in render(parse_job(doc))
+            if (kind := obj["kind"]) != "PersistentVolumeClaim"
+        ),
+        timeout=120,
+        what="every other child garbage-collected",
+    )
+    kept = get(cluster, "pvc", "keep-storage", namespace) or {}
+    assert kept["metadata"]["uid"] == claim["metadata"]["uid"], "the claim went with its job"
+    assert not kept["metadata"].get("deletionTimestamp"), kept["metadata"]
+
+    apply_doc(cluster, doc)
+    wait_phase(cluster, namespace, "keep", "Running", timeout=120)
+    uid = (get(cluster, "llmtj", "keep", namespace) or {})["metadata"]["uid"]
+    assert uid != first_uid
+    reused = wait_for(
+        lambda: (
+            (c := get(cluster, "pvc", "keep-storage", namespace))
+            and c["metadata"]["labels"]["llmtrain.dev/job-uid"] == uid
+            and c
+        ),
+        what="the claim relabelled with the new job's uid",
+    )
+    assert reused["metadata"]["uid"] == claim["metadata"]["uid"]
+    assert not reused["metadata"].get("ownerReferences"), reused["metadata"]
+    config = json.loads(
+        (get(cluster, "configmap", "keep-config", namespace) or {})["data"]["trainer-config.json"]
+    )
+    assert config["runName"] == uid, config
+
+
 def _earlier_pod(name: str, job: str, uid: str) -> dict[str, Any]:
     """A pod as an earlier job of this name left it: its labels, a restricted-compliant spec, on
     no node (nothing schedules it) and held by a finalizer once deleted."""

@@ -205,3 +205,21 @@ def test_submit_refuses_a_job_that_cannot_fit(tmp_path: Path, capsys: pytest.Cap
     code = main(["submit", str(tmp_path / "big.yaml"), "--kubeconfig", str(tmp_path / "none")])
     err = capsys.readouterr().err
     assert code == 1 and "memory error: cannot fit" in err, err
+
+
+def test_delete_says_whether_the_storage_and_the_model_on_it_are_kept() -> None:
+    def job(storage: dict[str, Any]) -> dict[str, Any]:
+        return {"metadata": {"name": "j", "namespace": "ns"}, "spec": {"storage": storage}}
+
+    created = {"create": {"size": "1Gi"}}
+    kept = jobs_view.storage_after_delete(job(created), "j-storage")
+    assert kept.startswith('persistentvolumeclaim "j-storage" kept with its runs and models'), kept
+    assert kept.endswith("Free the space with: kubectl delete pvc j-storage -n ns"), kept
+    retained = {"create": {"size": "1Gi", "reclaim": "Retain"}}
+    assert jobs_view.storage_after_delete(job(retained), "j-storage") == kept
+    deleted = jobs_view.storage_after_delete(
+        job({"create": {"size": "1Gi", "reclaim": "Delete"}}), "j-storage"
+    )
+    assert deleted.startswith('persistentvolumeclaim "j-storage" deleted with it'), deleted
+    theirs = jobs_view.storage_after_delete(job({"claimName": "data"}), "j-storage")
+    assert theirs == 'persistentvolumeclaim "data" kept (storage.claimName: it is yours)'

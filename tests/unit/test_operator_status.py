@@ -338,6 +338,66 @@ def test_a_child_of_an_earlier_namesake_is_waited_for_and_a_foreign_one_is_a_con
         ensure_all(Kube(dying), [desired])  # type: ignore[arg-type]
 
 
+def test_a_retained_claim_is_checked_by_its_uid_label_and_reused_by_a_namesake() -> None:
+    """storage.create.reclaim Retain renders the claim without an owner reference. It is still
+    checked as the job's own: a retained claim of an earlier job of the name (our marks) is reused
+    and relabelled, never given an owner; a hand-made one, or one another object controls, is a
+    conflict; one the deleted namesake still controls is waited for."""
+    import pytest
+    from llmtrain.constants import JOB_UID_LABEL
+    from llmtrain.operator.children import ChildBeingReplaced, EnsureResult, OwnershipConflict, ensure
+
+    marks = {"app.kubernetes.io/managed-by": "llmtrain-operator", "llmtrain.dev/job": "j"}
+
+    def claim(uid: str, owners: list[dict] | None = None, labels: dict | None = None) -> dict:
+        meta: dict = {
+            "name": "j-storage",
+            "namespace": "n",
+            "labels": labels or {**marks, JOB_UID_LABEL: uid},
+        }
+        if owners is not None:
+            meta["ownerReferences"] = owners
+        return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": {}}
+
+    def ref(uid: str, name: str = "j") -> dict:
+        return {
+            "apiVersion": "llmtrain.dev/v1alpha1",
+            "kind": "LLMTrainingJob",
+            "name": name,
+            "uid": uid,
+            "controller": True,
+        }
+
+    class Kube:
+        def __init__(self) -> None:
+            self.patches: list[dict] = []
+
+        def merge_patch(self, resource: object, namespace: str, name: str, patch: dict) -> dict:
+            self.patches.append(patch)
+            return patch
+
+    desired = claim("new")
+    kube = Kube()
+    ensure(kube, desired, EnsureResult(), claim("old"))  # type: ignore[arg-type]
+    assert kube.patches == [{"metadata": {"labels": {JOB_UID_LABEL: "new"}}}]
+    # This job's own claim, owned as an operator before `reclaim` made it: the owner goes, so
+    # the garbage collector keeps the claim when the job is deleted; anyone else's reference stays.
+    kube = Kube()
+    ensure(kube, desired, EnsureResult(), claim("new", owners=[ref("new")]))  # type: ignore[arg-type]
+    assert kube.patches == [{"metadata": {"ownerReferences": None}}]
+    other = {"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "cm"}
+    kube = Kube()
+    ensure(kube, desired, EnsureResult(), claim("new", owners=[other, ref("new")]))  # type: ignore[arg-type]
+    assert kube.patches == [{"metadata": {"ownerReferences": [other]}}]
+    for existing, error in (
+        (claim("", labels={"a": "1"}), OwnershipConflict),  # the user's own claim of that name
+        (claim("x", owners=[ref("x", name="k")]), OwnershipConflict),  # another job's
+        (claim("old", owners=[ref("old")]), ChildBeingReplaced),  # the deleted namesake's, going
+    ):
+        with pytest.raises(error):
+            ensure(Kube(), desired, EnsureResult(), existing)  # type: ignore[arg-type]
+
+
 def test_a_suspended_queued_rayjob_is_queued_not_suspended() -> None:
     """Kueue owns a queued RayJob's suspend: it waits for admission, the user did nothing."""
     queued = observe({"jobDeploymentStatus": "Suspended"}, queue="gpu-team")

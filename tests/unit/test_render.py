@@ -91,6 +91,25 @@ def test_children_with_claim_and_with_created_pvc() -> None:
     assert volumes["shared-storage"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
 
 
+def test_a_created_claim_outlives_the_job_unless_reclaim_is_delete() -> None:
+    """Retain (the default): no owner reference, so the garbage collector leaves the claim and the
+    model on it when the job goes; its labels still name the job and its uid. Delete: owned."""
+    created = with_path(minimal_job(), "spec.storage", {"create": {"size": "1Gi"}})
+    retained = _by_kind(render(_stored(created, "uid-1")))["PersistentVolumeClaim"]["metadata"]
+    assert "ownerReferences" not in retained
+    assert retained["labels"]["llmtrain.dev/job"] == created["metadata"]["name"]
+    assert retained["labels"]["llmtrain.dev/job-uid"] == "uid-1"
+    deleted = with_path(created, "spec.storage.create.reclaim", "Delete")
+    (owner,) = _by_kind(render(_stored(deleted, "uid-1")))["PersistentVolumeClaim"]["metadata"][
+        "ownerReferences"
+    ]
+    assert owner["uid"] == "uid-1" and owner["kind"] == "LLMTrainingJob"
+    # Every other child is the job's either way.
+    for obj in render(_stored(created, "uid-1")):
+        if obj["kind"] != "PersistentVolumeClaim":
+            assert [r["uid"] for r in obj["metadata"]["ownerReferences"]] == ["uid-1"], obj["kind"]
+
+
 def _stored(doc: dict[str, Any], uid: str) -> LLMTrainingJob:
     """The job as the API server returns it: with a uid."""
     return _job({**doc, "metadata": {**doc["metadata"], "uid": uid}})

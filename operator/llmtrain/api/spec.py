@@ -599,7 +599,7 @@ def _default_access_modes() -> list[AccessMode]:
 
 
 class StorageCreateSpec(ApiModel):
-    """A PersistentVolumeClaim created for (and deleted with) the job."""
+    """A PersistentVolumeClaim created for the job; `reclaim` says whether it goes with the job."""
 
     size: Annotated[Quantity, KubeQuantity("storage.create.size", "500Gi")] = Field(
         description="Requested capacity, e.g. 500Gi.",
@@ -613,6 +613,12 @@ class StorageCreateSpec(ApiModel):
     ] = Field(
         default_factory=_default_access_modes,
         description="Access modes; several nodes write checkpoints, so ReadWriteMany is the default.",
+    )
+    reclaim: Literal["Retain", "Delete"] = Field(
+        default="Retain",
+        description="What deleting the job does to the claim, its checkpoints and exported model: Retain "
+        "(default) keeps the claim (a job applied again under the same name uses it again; delete it with "
+        "kubectl delete pvc <name>-storage); Delete lets the garbage collector delete it with the job.",
     )
 
 

@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmtrain.constants import (
+    GROUP_VERSION,
     JOB_LABEL,
     JOB_UID_LABEL,
+    KIND,
     KUEUE_MANAGED_ANNOTATION,
     KUEUE_QUEUE_LABEL,
     MANAGED_BY_LABEL,
@@ -202,14 +204,24 @@ def _held_by_earlier_namesake(desired: dict[str, Any], existing: dict[str, Any])
     """The existing child's controller is a job of our kind and name but another uid. Names are
     unique, so that job no longer exists and the garbage collector will delete the child."""
     ours = (desired["metadata"].get("ownerReferences") or [{}])[0]
+    # A retained claim has no owner reference: its job label names the job.
+    name = ours.get("name") or (desired["metadata"].get("labels") or {}).get(JOB_LABEL)
     for ref in existing["metadata"].get("ownerReferences") or []:
         if ref.get("controller"):
             return bool(
-                ref.get("kind") == ours.get("kind")
-                and ref.get("apiVersion") == ours.get("apiVersion")
-                and ref.get("name") == ours.get("name")
+                ref.get("kind") == KIND and ref.get("apiVersion") == GROUP_VERSION and ref.get("name") == name
             )
     return False
+
+
+def _retained_but_owned(desired: dict[str, Any], existing: dict[str, Any]) -> bool:
+    """A claim rendered without an owner (`reclaim: Retain`) that this very job controls."""
+    return (
+        desired["kind"] == "PersistentVolumeClaim"
+        and not desired["metadata"].get("ownerReferences")
+        and _job_uid(desired) is not None
+        and _controller_uid(existing) == _job_uid(desired)
+    )
 
 
 def drift_patch(
@@ -235,8 +247,14 @@ def drift_patch(
         if annotations:
             meta["annotations"] = annotations
     want_owner = desired["metadata"].get("ownerReferences") or []
+    have_owner = existing["metadata"].get("ownerReferences") or []
     if want_owner and _controller_uid(existing) is None:
-        meta["ownerReferences"] = (existing["metadata"].get("ownerReferences") or []) + want_owner
+        meta["ownerReferences"] = have_owner + want_owner
+    elif _retained_but_owned(desired, existing):
+        # Made by an operator before `reclaim` (every created claim was owned then): the spec now
+        # says Retain, so the garbage collector must not delete it with the job.
+        uid = _job_uid(desired)
+        meta["ownerReferences"] = [r for r in have_owner if r.get("uid") != uid] or None
     if meta:
         patch["metadata"] = meta
     kind = desired["kind"]
@@ -292,8 +310,11 @@ def _claim(desired: dict[str, Any], existing: dict[str, Any]) -> None:
     """Raise unless the existing child is this job's to keep in sync (its own, or ours to adopt)."""
     meta = desired["metadata"]
     owner = (meta.get("ownerReferences") or [{}])[0].get("uid")
+    # A retained claim (storage.create.reclaim: Retain) is rendered without an owner; its uid label
+    # still says which job it is checked for.
+    mine = owner or _job_uid(desired)
     holder = _controller_uid(existing)
-    if holder is not None and owner is not None and holder != owner:
+    if holder is not None and mine is not None and holder != mine:
         if existing["metadata"].get("deletionTimestamp") or _held_by_earlier_namesake(desired, existing):
             raise ChildBeingReplaced(
                 f"{child_key(desired)} still belongs to an earlier job of the same name (uid {holder}) "
@@ -303,7 +324,7 @@ def _claim(desired: dict[str, Any], existing: dict[str, Any]) -> None:
             f"{child_key(desired)} already exists and is controlled by another object (uid {holder}); "
             "rename the LLMTrainingJob or delete that object"
         )
-    if holder is None and owner is not None and not _carries_our_marks(desired, existing):
+    if holder is None and mine is not None and not _carries_our_marks(desired, existing):
         raise OwnershipConflict(
             f"{child_key(desired)} already exists and was not created by llmtrain for this job (it lacks "
             f"the labels {MANAGED_BY_LABEL}={OPERATOR_NAME} and {JOB_LABEL}={meta['labels'][JOB_LABEL]}); "

@@ -24,9 +24,9 @@ def render_pvc(job: LLMTrainingJob) -> dict[str, Any] | None:
     }
     if create.storage_class_name:
         spec["storageClassName"] = create.storage_class_name
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": object_meta(job, pvc_name(job.metadata.name), "storage"),
-        "spec": spec,
-    }
+    meta = object_meta(job, pvc_name(job.metadata.name), "storage")
+    if create.reclaim == "Retain":
+        # No owner: the garbage collector leaves the claim (and the trained model on it) when the
+        # job goes. Its labels still mark it as this job's, so a namesake applied later reuses it.
+        meta.pop("ownerReferences", None)
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": spec}

@@ -389,10 +389,17 @@ def delete_jobs(cluster: Cluster, namespace: str) -> None:
 
 
 def cpu_job(
-    name: str, namespace: str, *, suspend: bool = False, workers: int = 1, **spec: Any
+    name: str,
+    namespace: str,
+    *,
+    suspend: bool = False,
+    workers: int = 1,
+    reclaim: str = "Delete",
+    **spec: Any,
 ) -> dict[str, Any]:
     """A small CPU job on a provisioned claim; suspended ones get their identity (ServiceAccount,
-    Role) but no Ray cluster."""
+    Role) but no Ray cluster. The claim goes with the job (`reclaim: Delete`, not the default
+    Retain), so every child is owned and a namespace's claims do not pile up."""
     resources = {
         "workers": workers,
         "gpusPerWorker": 0,
@@ -405,7 +412,7 @@ def cpu_job(
         name,
         namespace,
         resources=resources,
-        storage={"create": {"size": "1Gi", "storageClassName": "shared-rwx"}},
+        storage={"create": {"size": "1Gi", "storageClassName": "shared-rwx", "reclaim": reclaim}},
         runPolicy={"suspend": suspend},
         **spec,
     )
