@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from llmtrain.constants import JOB_UID_LABEL
 
 from tests.pods.conftest import Release, busybox_pod, get
 from tests.support.cluster.cluster import Cluster
-from tests.support.cluster.node import REAL_NODE_LABEL
+from tests.support.cluster.node import NODE_NAME, REAL_NODE_LABEL
 from tests.support.cluster.steps import table
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -45,6 +46,33 @@ def variant(name: str, base: Path = EXAMPLE, **overrides: dict[str, Any]) -> dic
     for section, values in overrides.items():
         job["spec"][section] = {**job["spec"].get(section, {}), **values}
     job["spec"]["resources"].setdefault("nodeSelector", {REAL_NODE_LABEL: "true"})
+    return job
+
+
+# One worker at the README example's pod shape, for the other trainer modes' short runs: Ray pods
+# below 500m CPU fail their own start-up timeouts here (a first try at 200-250m restarted every Ray
+# container three times), and two jobs at 500m do not fit the 2-core node together.
+MODE_SHAPE = {
+    "workers": 1,
+    "cpu": "500m",
+    "memory": "2Gi",
+    "sharedMemory": "512Mi",
+    "head": {"cpu": "500m", "memory": "3Gi"},
+}
+MODE_STEPS = 30
+
+
+def mode_job(example_file: str, name: str) -> dict[str, Any]:
+    """An example of another trainer mode, short and small, on the claim the data was uploaded to
+    (not a created one)."""
+    job = variant(
+        name,
+        base=REPO_ROOT / "examples" / example_file,
+        resources=MODE_SHAPE,
+        training={"maxSteps": MODE_STEPS, "logEverySteps": 5},
+        checkpoint={"everySteps": 10},
+    )
+    job["spec"]["storage"] = {"claimName": example()["spec"]["storage"]["claimName"]}
     return job
 
 
@@ -93,20 +121,25 @@ class Watch:
     submitter_succeeded: bool = False
 
     def look(self, cluster: Cluster) -> str:
-        """One look; the phase."""
+        """One look; the phase. Pods and submitter Jobs count only when they are this job's (its uid
+        on their pod template): an earlier job of the name may still have pods going."""
         rows = table(cluster.kubectl("get", "llmtj", self.name, "-n", self.namespace, check=False).stdout)
         if rows and (not self.rows or rows[0] != self.rows[-1]):
             self.rows.append(rows[0])
         job = get(cluster, "llmtj", self.name, self.namespace)
+        uid = job["metadata"]["uid"]
         status = job.get("status") or {}
         if not self.statuses or status != self.statuses[-1]:
             self.statuses.append(status)
         pods = json.loads(cluster.kubectl("get", "pods", "-n", self.namespace, "-o", "json").stdout)["items"]
         for pod in pods:
-            if pod["status"].get("phase") == "Running":
+            if pod["status"].get("phase") == "Running" and _uid_of(pod["metadata"]) in (uid, None):
                 self.running_pods.setdefault(pod["metadata"]["name"], pod)
         jobs = json.loads(cluster.kubectl("get", "jobs", "-n", self.namespace, "-o", "json").stdout)["items"]
-        self.submitter_succeeded |= any((j.get("status") or {}).get("succeeded") for j in jobs)
+        self.submitter_succeeded |= any(
+            (j.get("status") or {}).get("succeeded") and _uid_of(j["spec"]["template"]["metadata"]) == uid
+            for j in jobs
+        )
         return str(status.get("phase") or "")
 
     def until(
@@ -153,6 +186,13 @@ class Watch:
         return "\n".join(parts)[-8000:]
 
 
+def _uid_of(metadata: dict[str, Any]) -> str | None:
+    """The LLMTrainingJob uid a pod (or pod template) carries; None on pods that are no job's
+    (the upload and reader pods)."""
+    uid = (metadata.get("labels") or {}).get(JOB_UID_LABEL)
+    return str(uid) if uid else None
+
+
 def ray_pods(cluster: Cluster, namespace: str, job: str | None = None) -> list[str]:
     """Names (`pod/...`) of the Ray pods KubeRay made in `namespace`, of `job` only if given."""
     out = cluster.kubectl("get", "pods", "-n", namespace, "-l", "ray.io/node-type", "-o", "name")
@@ -195,4 +235,23 @@ def read_result(cluster: Cluster, namespace: str, directory: str) -> dict[str, A
         mounts=[{"name": "storage", "mountPath": MOUNT, "readOnly": True}],
     )
     result: dict[str, Any] = json.loads(run_pod(cluster, pod))
+    return result
+
+
+def check_mode_run(cluster: Cluster, namespace: str, watch: Watch, job: dict[str, Any]) -> dict[str, Any]:
+    """What a `mode_job` that Succeeded must show; its run result.
+
+    Its one worker ran in a real pod on the real node and the submitter ran the entrypoint;
+    progress reached `kubectl get llmtj` from inside the pod; the run result on the volume names
+    the job's own trainer mode (not another incarnation's) and reached the last step from step 0."""
+    workers = watch.pods_of_type("worker")
+    assert [p["spec"]["nodeName"] for p in workers] == [NODE_NAME], sorted(watch.running_pods)
+    assert watch.submitter_succeeded
+    steps = [step for step, _ in watch.progress()]
+    assert steps and steps == sorted(steps) and 0 < steps[-1] <= MODE_STEPS, watch.rows
+    uid = get(cluster, "llmtj", watch.name, namespace)["metadata"]["uid"]
+    result = read_result(cluster, namespace, run_dir(namespace, watch.name, uid))
+    assert result["trainer"] == job["spec"]["trainer"]["type"], result
+    assert result["world_size"] == 1 and result["finished"] and result["steps"] == MODE_STEPS, result
+    assert result["checkpoint"], result
     return result

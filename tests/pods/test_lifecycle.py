@@ -5,8 +5,9 @@ each Ray cluster start costs minutes on two cores.
    (`runPolicy.maxWorkerFailures`) and the trainer resumes from the last checkpoint on the shared
    volume, losing at most one checkpoint interval, the loss carrying on.
 2. Suspend removes every Ray pod; resume continues from the checkpoint taken before.
-3. Deleting the job and applying it again under the same name starts a new run: it does not
-   silently resume (or report) the old one.
+3. Deleting the job and applying another spec under the same name (the Hugging Face Trainer mode,
+   scenario 6's other half) starts a new run with the new config: it does not silently resume (or
+   report) the old one, nor train with the old config.
 """
 
 from __future__ import annotations
@@ -118,32 +119,34 @@ def test_worker_loss_suspend_resume_and_recreate_in_real_pods(
     assert result["finished"] and result["steps"] == STEPS, result
     finished = time.monotonic()
 
-    # 3. Delete and apply again under the same name: a new run from step 0 in a new run folder.
-    # Applied again at once, while the earlier job's Ray pods are still going: the new job waits
-    # for them (the kubelet would hand a new pod the earlier job's immutable config of the same
-    # name from its cache) and then starts a run of its own.
+    # 3. Delete and apply again under the same name, with another spec: the README's Hugging Face
+    # Trainer example (issue #21 scenario 6 runs here, saving a Ray cluster start). A new run from
+    # step 0 in a new run folder, with the new config. Applied again at once, while the earlier
+    # job's Ray pods are still going: the new job waits for them (the kubelet would hand a new pod
+    # the earlier job's immutable config of the same name from its cache, and the HF job would
+    # train as the builtin one) and then starts a run of its own.
     cluster.kubectl("delete", "llmtj", NAME, "-n", namespace, "--wait=true", timeout=120)
     earlier_pods = jobs.ray_pods(cluster, namespace)
-    jobs.apply_job(cluster, namespace, job)
+    hf_job = jobs.mode_job("tiny-cpu-hf.yaml", NAME)
+    jobs.apply_job(cluster, namespace, hf_job)
     again = jobs.Watch(namespace, NAME)
-    again.until(cluster, lambda _: _step(again.statuses[-1]) > 0, what="the new run's first steps")
+    phase = again.until(cluster, lambda phase: phase in jobs.TERMINAL, what="the re-created job to finish")
+    assert phase == "Succeeded", again.story(cluster)
     second = get(cluster, "llmtj", NAME, namespace)
     assert second["metadata"]["uid"] != first["metadata"]["uid"]
-    phases = [s.get("phase") for s in again.statuses]
-    assert "Succeeded" not in phases, phases
-    assert 0 < _step(again.statuses[-1]) < STEPS, (  # not the old run's end
-        first["metadata"]["uid"],
-        second["metadata"]["uid"],
-        [(s.get("phase"), s.get("progress"), s.get("startTime")) for s in again.statuses],
-        again.story(cluster),
-    )
+    # Not the old run's end: it stepped from the start, as the HF mode, in a run of its own.
+    assert _step(again.statuses[0]) < STEPS and _step(again.statuses[-1]) == jobs.MODE_STEPS, [
+        (s.get("phase"), s.get("progress"), s.get("startTime")) for s in again.statuses
+    ]
+    recreated = jobs.check_mode_run(cluster, namespace, again, hf_job)
+    assert recreated["resumed_from_step"] is None and recreated["resume_from"] is None, recreated
     assert _resumed_steps(cluster, namespace) == [], "the re-created job resumed the old run"
     waited = [s["message"] for s in again.statuses if "earlier LLMTrainingJob" in s.get("message", "")]
     assert waited or not earlier_pods, ("the new job did not wait for the earlier pods", earlier_pods)
     print(
         f"\nkill at {step_at_kill} (checkpoint {checkpoint_at_kill}) -> resumed {resumed} in "
         f"{resumed_after_kill - killed:.0f} s; suspended at {suspended_at}, finished "
-        f"{finished - resumed_after_kill:.0f} s later; re-created run stepping after "
+        f"{finished - resumed_after_kill:.0f} s later; re-created as the HF mode, finished after "
         f"{time.monotonic() - finished:.0f} s ({len(earlier_pods)} earlier pods waited for); "
         f"scenario {time.monotonic() - started:.0f} s"
     )
