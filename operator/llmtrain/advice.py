@@ -17,7 +17,7 @@ from typing import Any
 from llmtrain.accelerators import KNOWN_ACCELERATORS, LABELLERS
 from llmtrain.api.spec import LLMTrainingJobSpec, ResourcesSpec
 from llmtrain.api.validation import InvalidJob, parse_job
-from llmtrain.constants import API_GROUP, KIND
+from llmtrain.constants import ALLOWED_SECRETS_ANNOTATION, API_GROUP, KIND
 
 
 @dataclass(frozen=True)
@@ -126,3 +126,51 @@ def run_notes(bodies: list[Any], use_gpu: bool) -> list[str]:
         return lines
     cpu = cpu_fallback_note(job.spec, use_gpu)
     return [*lines, f"warning: {cpu}"] if cpu else lines
+
+
+def _pod_specs(rayjob: dict[str, Any]) -> list[dict[str, Any]]:
+    cluster = rayjob["spec"].get("rayClusterSpec") or {}
+    templates = [cluster.get("headGroupSpec", {}).get("template", {})]
+    templates += [g.get("template", {}) for g in cluster.get("workerGroupSpecs") or []]
+    templates.append(rayjob["spec"].get("submitterPodTemplate") or {})
+    return [t.get("spec") or {} for t in templates]
+
+
+def secrets_reaching_pods(objects: list[dict[str, Any]]) -> list[str]:
+    """The Secrets whose data the job's Ray pods would read, in the ways the chart's containment
+    policy judges: secret, projected and CSI volumes, env secretKeyRef and envFrom. Image pull
+    Secrets are not among them (only the kubelet reads those)."""
+    names: list[str] = []
+    for rayjob in (o for o in objects if o.get("kind") == "RayJob"):
+        for pod in _pod_specs(rayjob):
+            for volume in pod.get("volumes") or []:
+                names.append((volume.get("secret") or {}).get("secretName", ""))
+                names += [
+                    (s.get("secret") or {}).get("name", "")
+                    for s in (volume.get("projected") or {}).get("sources") or []
+                ]
+                names.append(((volume.get("csi") or {}).get("nodePublishSecretRef") or {}).get("name", ""))
+            for container in (pod.get("containers") or []) + (pod.get("initContainers") or []):
+                for env in container.get("env") or []:
+                    names.append(((env.get("valueFrom") or {}).get("secretKeyRef") or {}).get("name", ""))
+                names += [(f.get("secretRef") or {}).get("name", "") for f in container.get("envFrom") or []]
+    return sorted({n for n in names if n})
+
+
+def secrets_refusal(namespace: str, wanted: list[str], annotations: dict[str, str] | None) -> str | None:
+    """Why the chart's containment policy will refuse the job's Ray cluster, and the fix; None when
+    the namespace lists every Secret the pods read (or `*`). The operator would create the job and
+    then fail to create its RayJob: saying so before anything is applied saves the round trip."""
+    listed = (annotations or {}).get(ALLOWED_SECRETS_ANNOTATION)
+    allowed = [s.strip() for s in listed.split(",")] if listed is not None else []
+    missing = [s for s in wanted if s not in allowed]
+    if "*" in allowed or not missing:
+        return None
+    now = ", ".join(a for a in allowed if a) or "none"
+    value = ",".join(dict.fromkeys([*(a for a in allowed if a), *missing]))
+    return (
+        f"the job's pods read Secret(s) {', '.join(missing)}, which namespace {namespace} does not list in "
+        f"its annotation {ALLOWED_SECRETS_ANNOTATION} (now: {now}); llmtrain's containment policy would "
+        f"refuse its Ray cluster. A namespace admin allows them with: kubectl annotate namespace "
+        f"{namespace} {ALLOWED_SECRETS_ANNOTATION}={value} --overwrite"
+    )

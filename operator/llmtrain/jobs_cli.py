@@ -111,6 +111,29 @@ def _validated(path: Path) -> dict[str, Any]:
     return doc
 
 
+def _check_allowed_secrets(session: Session, doc: dict[str, Any]) -> None:
+    """Refuse, before applying, a job whose pods read a Secret its namespace does not allow
+    (`llmtrain.dev/allowed-secrets`). A user who may not read the Namespace (it is cluster-scoped)
+    is not stopped: the operator then reports the policy's refusal in the job's status."""
+    from llmtrain import advice
+    from llmtrain.api.validation import parse_job
+    from llmtrain.operator.kube import ApiError
+    from llmtrain.render import render
+
+    wanted = advice.secrets_reaching_pods(render(parse_job(doc)))
+    if not wanted:
+        return
+    try:
+        namespace = session.kube.request("GET", f"/api/v1/namespaces/{session.namespace}")
+    except ApiError as exc:
+        if exc.status in (401, 403, 404):
+            return
+        raise
+    refusal = advice.secrets_refusal(session.namespace, wanted, namespace["metadata"].get("annotations"))
+    if refusal:
+        raise CliError(f"not submitted: {refusal}")
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     doc = _validated(args.file)
     session = Session(args)
@@ -120,6 +143,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     namespace = meta.setdefault("namespace", session.namespace)
     session.namespace = namespace
     name = meta["name"]
+    _check_allowed_secrets(session, doc)
     # Server-side apply: create or update, and the fields this CLI set are owned by it, so a later
     # `submit` of an edited file removes what the edit removed (as `kubectl apply` does).
     session.kube.request(

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from llmtrain.constants import JOB_LABEL, ROLE_LABEL, VERSION
+from llmtrain.constants import ALLOWED_SECRETS_ANNOTATION, JOB_LABEL, ROLE_LABEL, VERSION
 
 from tests.support.cluster.cluster import Cluster
 from tests.support.cluster.steps import (
@@ -146,6 +147,28 @@ def test_submit_refuses_an_invalid_spec_and_creates_nothing(
     assert done.returncode == 1, done
     assert ".spec.resources.memory" in done.stderr and "not submitted" in done.stderr, done.stderr
     assert get(cluster, "llmtj", "bad", namespace) is None
+
+
+def test_submit_refuses_a_secret_the_namespace_does_not_allow_and_names_the_fix(
+    cluster: Cluster, operator: OperatorProcess, namespace: str, tmp_path: Path
+) -> None:
+    """The containment policy would refuse the Ray cluster of a job whose pods read a Secret the
+    namespace does not list; `submit` says so before anything exists, with the annotate command,
+    and submits once the namespace lists it."""
+    cluster.kubectl("annotate", "namespace", namespace, f"{ALLOWED_SECRETS_ANNOTATION}-")
+    env = [{"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "key"}}}]
+    doc = tiny_job("secretive", namespace, **{"spec.network.env": env, "spec.runPolicy.suspend": True})
+    path = write(tmp_path, doc)
+    refused = llmtrain(cluster, "submit", str(path), "--no-follow")
+    assert refused.returncode == 1, refused
+    assert "not submitted: the job's pods read Secret(s) wandb" in refused.stderr, refused.stderr
+    assert get(cluster, "llmtj", "secretive", namespace) is None
+    fix = refused.stderr.split("A namespace admin allows them with: ", 1)[1].strip()
+    assert fix == f"kubectl annotate namespace {namespace} {ALLOWED_SECRETS_ANNOTATION}=wandb --overwrite"
+    cluster.kubectl(*shlex.split(fix)[1:])
+    done = llmtrain(cluster, "submit", str(path), "--no-follow")
+    assert done.returncode == 0, done.stderr
+    assert get(cluster, "llmtj", "secretive", namespace) is not None
 
 
 def test_status_shows_the_diagnosis_of_why_a_job_waits(

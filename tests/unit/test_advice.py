@@ -183,3 +183,38 @@ def test_run_says_a_gpu_spec_trains_on_the_cpu_before_the_runner_starts(
         "llmtrain run trains on the CPU unless given --gpu: training on the CPU with 2 process(es)"
     )
     assert (warning in said_before_start[0]) is warned, said_before_start[0]
+
+
+def test_the_secrets_a_job_reads_are_checked_against_its_namespaces_list() -> None:
+    """`llmtrain submit` refuses, before applying, a job whose pods read a Secret the namespace
+    does not allow: the containment policy would refuse its Ray cluster after the job existed."""
+    from llmtrain.constants import ALLOWED_SECRETS_ANNOTATION
+    from llmtrain.render import render
+
+    doc = load_example("llama3-8b-fsdp.yaml")
+    doc = with_path(
+        doc,
+        "spec.network.env",
+        [{"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "key"}}}],
+    )
+    token = doc["spec"]["model"]["hfTokenSecretRef"]["name"]
+    wanted = advice.secrets_reaching_pods(render(parse_job(doc)))
+    assert wanted == sorted({token, "wandb"})
+    assert advice.secrets_reaching_pods(render(parse_job(minimal_job()))) == []
+
+    def refusal(listed: str | None) -> str | None:
+        annotations = None if listed is None else {ALLOWED_SECRETS_ANNOTATION: listed}
+        return advice.secrets_refusal("team-a", wanted, annotations)
+
+    assert refusal("*") is None
+    assert refusal(f"wandb, {token}") is None
+    unlisted = refusal(None)
+    assert unlisted is not None
+    assert f"Secret(s) {token}, wandb, which namespace team-a does not list" in unlisted
+    assert "(now: none)" in unlisted
+    assert unlisted.endswith(
+        f"kubectl annotate namespace team-a {ALLOWED_SECRETS_ANNOTATION}={token},wandb --overwrite"
+    )
+    partly = refusal("wandb")
+    assert partly is not None and f"Secret(s) {token}, which" in partly and "(now: wandb)" in partly
+    assert partly.endswith(f"{ALLOWED_SECRETS_ANNOTATION}=wandb,{token} --overwrite")
