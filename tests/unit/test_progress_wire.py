@@ -40,3 +40,19 @@ def test_a_cleared_root_cause_stays_null_so_the_merge_patch_deletes_it() -> None
 def test_a_field_the_crd_does_not_declare_is_refused() -> None:
     with pytest.raises(ValidationError):
         progress_fields({"stepz": 1}, MetricsRecord("step", 2, 10, time=0.0))
+
+
+def test_notices_accumulate_once_each_and_stay_within_the_crds_bounds() -> None:
+    from llmtrain.api.status import NOTICE_MAX_LENGTH, NOTICES_MAX
+
+    state = progress_fields({}, MetricsRecord("notice", 1, 10, time=0.0, message="compile fell back"))
+    assert state["notices"] == ["compile fell back"]
+    state = progress_fields(state, MetricsRecord("step", 2, 10, time=1.0, loss=1.0))
+    assert state["notices"] == ["compile fell back"]  # kept across reports
+    state = progress_fields(state, MetricsRecord("notice", 3, 10, time=2.0, message="compile fell back"))
+    assert state["notices"] == ["compile fell back"]  # said once
+    for i in range(NOTICES_MAX + 2):
+        state = progress_fields(state, MetricsRecord("notice", 4, 10, time=3.0, message=f"n{i} " + "x" * 600))
+    assert len(state["notices"]) == NOTICES_MAX and state["notices"][-1].startswith(f"n{NOTICES_MAX + 1} ")
+    assert all(len(n) <= NOTICE_MAX_LENGTH for n in state["notices"])
+    assert Progress.model_validate(state).to_patch() == state

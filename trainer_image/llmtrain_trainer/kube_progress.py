@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmtrain.api.status import ERROR_MAX_LENGTH, CheckpointRef, Progress
+from llmtrain.api.status import ERROR_MAX_LENGTH, NOTICE_MAX_LENGTH, NOTICES_MAX, CheckpointRef, Progress
 from llmtrain.constants import GROUP_VERSION, PLURAL, PROGRESS_INTERVAL_SECONDS, RFC3339_FORMAT
 
 from llmtrain_trainer.metrics import MetricsRecord
@@ -96,6 +96,11 @@ def progress_fields(state: dict[str, Any], record: MetricsRecord) -> dict[str, A
         )
     if record.event == "finished":
         changes["eta_seconds"] = 0
+    if record.event == "notice" and record.message:
+        notices = list(state.get("notices") or [])
+        notice = record.message[:NOTICE_MAX_LENGTH]
+        if notice not in notices:
+            changes["notices"] = [*notices, notice][-NOTICES_MAX:]
     return Progress.model_validate(state).model_copy(update=changes).to_patch()
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     import torch
 
-Event = Literal["started", "resumed", "step", "validation", "checkpoint", "exported", "finished"]
+Event = Literal["started", "resumed", "step", "validation", "checkpoint", "exported", "finished", "notice"]
 
 # Dense bf16 tensor-core peaks in FLOP/s (not the 2:4-sparse figures), matched against
 # torch.cuda.get_device_name(); the first matching substring wins, so order matters.

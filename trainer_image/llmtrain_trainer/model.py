@@ -7,11 +7,13 @@ from a seeded random initialisation that is the same on every rank and every wor
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from llmtrain.api.spec import LoraSpec, MethodSpec, ModelSpec
@@ -157,15 +159,57 @@ def enable_gradient_checkpointing(model: nn.Module) -> None:
     base.config.use_cache = False
 
 
-def compile_blocks(model: nn.Module) -> list[nn.Module]:
-    """Compile each transformer block's forward in place (training.compile) and return them.
+def compile_wanted(setting: bool | None, on_gpu: bool) -> bool:
+    """training.compile as set, else on GPUs only: on an H200 compiled blocks gave 39.7% vs 33.3%
+    MFU (micro-batch 4) and 50.8% vs 37.7% (8); on a CPU the compile time outweighs a short run."""
+    return on_gpu if setting is None else setting
+
+
+_DYNAMO_LOGGER = "torch._dynamo.convert_frame"
+"""Where dynamo logs, at WARNING, each frame whose compilation failed and that it runs eagerly
+instead (config.suppress_errors; torch/_dynamo/convert_frame.py)."""
+
+
+class CompileFailures(logging.Handler):
+    """The compilations that failed and fell back to eager, one line each, for the notice."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.failures: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        # The cause is the exception dynamo suppressed; its message leads with the frame's name.
+        cause = record.exc_info[1] if record.exc_info else None
+        text = str(cause) if cause is not None else record.getMessage()
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        self.failures.append(" ".join(lines[:2]) if lines else record.levelname)
+
+    def notice(self) -> str | None:
+        """What the user reads in status.progress.notices, or None when everything compiled."""
+        if not self.failures:
+            return None
+        return (
+            "training.compile: torch.compile failed for some blocks, which run eagerly instead (same "
+            f"results, slower; training.compile: false skips compiling). First error: {self.failures[0]}"
+        )
+
+
+def compile_blocks(model: nn.Module, backend: Any = "inductor") -> CompileFailures:
+    """Compile each transformer block's forward in place (training.compile).
 
     `Module.compile` keeps the module itself, so parameter names, state dicts (checkpoints, the
-    export) and FSDP2's per-block sharding are unchanged; the blocks are what torchtitan compiles."""
-    blocks = transformer_blocks(model)
-    for block in blocks:
-        block.compile()
-    return blocks
+    export) and FSDP2's per-block sharding are unchanged; the blocks are what torchtitan compiles.
+    Compilation happens at a block's first call; one that fails must not fail the job, so dynamo
+    runs that block eagerly (`suppress_errors`: the same collectives in the same order on every
+    rank, unlike a retry of the step) and the returned handler records the failure."""
+    import torch._dynamo
+
+    torch._dynamo.config.suppress_errors = True
+    failures = CompileFailures()
+    logging.getLogger(_DYNAMO_LOGGER).addHandler(failures)
+    for block in transformer_blocks(model):
+        block.compile(backend=backend)
+    return failures
 
 
 def unwrap_peft(model: nn.Module) -> nn.Module:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -40,6 +40,9 @@ class CheckpointRef(ApiModel):
 
 # The longest root cause the trainer reports (status.progress.error).
 ERROR_MAX_LENGTH = 4096
+# status.progress.notices: at most this many, each at most this long.
+NOTICES_MAX = 8
+NOTICE_MAX_LENGTH = 512
 
 
 class Progress(ApiModel):
@@ -66,6 +69,12 @@ class Progress(ApiModel):
         description="Root cause reported by the trainer, e.g. rank and error class.",
     )
     updated_at: str | None = Field(default=None, description="When the trainer last reported (RFC 3339).")
+    notices: list[Annotated[str, Field(max_length=NOTICE_MAX_LENGTH)]] | None = Field(
+        default=None,
+        max_length=NOTICES_MAX,
+        description="What the trainer wants you to know that did not stop it, e.g. that torch.compile "
+        "fell back to eager for some blocks (training.compile).",
+    )
 
     def to_patch(self) -> dict[str, Any]:
         """status.progress as a merge patch: camelCase, with the fields never set left out and a field

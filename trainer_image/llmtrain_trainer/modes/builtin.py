@@ -117,6 +117,7 @@ class TrainingRun:
         self.run_dir = run_dir
         self.life = lifecycle
         self.total = 0
+        self._compile_failures_told = 0
 
     # -------------------------------------------------------------------------- set-up
 
@@ -270,6 +271,7 @@ class TrainingRun:
 
             last = state.step == self.total
             if state.step % training.log_every_steps == 0 or state.step == 1 or last:
+                self._report_compile_failures(strategy, state.step)
                 dist.all_reduce(losses)
                 self._flush_counts(counts, state, flops)
                 life.step(
@@ -287,6 +289,18 @@ class TrainingRun:
                     self._checkpoint(strategy, state, data, pad_id, started)
         with life.paused(), watchdog.paused():
             life.complete_pending()
+
+    def _report_compile_failures(self, strategy: Strategy, step: int) -> None:
+        """Blocks that failed to compile run eagerly: say so once per new failure (rank 0), in the
+        log and in status.progress.notices. Blocks compile at their first call, or again for a new
+        shape, so this looks at every report."""
+        failures = strategy.compile_failures
+        if failures is None or not self.env.is_main or len(failures.failures) <= self._compile_failures_told:
+            return
+        self._compile_failures_told = len(failures.failures)
+        notice = failures.notice()
+        log.warning("%s", notice)
+        self.life.emit(MetricsRecord("notice", step, self.total, message=notice))
 
     def _flush_counts(
         self, counts: torch.Tensor, state: checkpoint.TrainerState, flops: TrainingFlops

@@ -22,6 +22,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from llmtrain_trainer.distributed import WorkerEnv
 from llmtrain_trainer.loss import token_loss_sum
+from llmtrain_trainer.model import CompileFailures
 
 if TYPE_CHECKING:
     from llmtrain.api.trainer_config import TrainerConfig
@@ -68,6 +69,8 @@ class Strategy(abc.ABC):
     """The LR schedule (`optim.build_scheduler`), stepped once per optimizer step."""
     reshardable_checkpoints = True
     """Whether `load` accepts a checkpoint written by a different number of workers."""
+    compile_failures: CompileFailures | None = None
+    """Set when the strategy compiled its blocks (training.compile): what failed to compile."""
 
     def __init__(
         self, config: TrainerConfig, env: WorkerEnv, total_steps: int, initial_weights: bool = True

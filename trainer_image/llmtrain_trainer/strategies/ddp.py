@@ -37,8 +37,8 @@ class DdpStrategy(TorchNativeStrategy):
         base = models.apply_lora(base, config.method)
         if config.training.gradient_checkpointing:
             models.enable_gradient_checkpointing(base)
-        if config.training.compile:
-            models.compile_blocks(base)
+        if models.compile_wanted(config.training.compile, env.on_gpu):
+            self.compile_failures = models.compile_blocks(base)
         base.to(env.device)
         self.ddp = DistributedDataParallel(base, device_ids=[env.device.index] if env.on_gpu else None)
         self.model = self.ddp

@@ -57,8 +57,8 @@ class FsdpStrategy(TorchNativeStrategy):
         model = models.apply_lora(model, config.method)
         if config.training.gradient_checkpointing:
             models.enable_gradient_checkpointing(model)
-        if config.training.compile:
-            models.compile_blocks(model)
+        if models.compile_wanted(config.training.compile, env.on_gpu):
+            self.compile_failures = models.compile_blocks(model)
         buffers = {name: buf.detach().clone() for name, buf in model.named_buffers(remove_duplicate=False)}
 
         self.mesh = device_mesh(env, spec, config.collective_timeout_seconds)
