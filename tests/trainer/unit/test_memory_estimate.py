@@ -82,6 +82,23 @@ def test_the_states_estimate_is_what_one_optimizer_step_holds(tmp_path: Path) ->
     assert held == {"params": estimate.params, "grads": estimate.grads, "optimizer": estimate.optimizer}
 
 
+@pytest.mark.usefixtures("one_process_group")
+def test_ddp_holds_a_second_fp32_copy_of_the_gradients_in_its_buckets(tmp_path: Path) -> None:
+    """The reducer's buckets, as the DDP strategy wraps the model (gradient_as_bucket_view off):
+    the estimate's `grad_buffers`, byte for byte."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    config = tiny_config(tmp_path, "mem", scaling={"numWorkers": 1}, strategy={"type": "ddp"})
+    model = models.build_from_config(models.model_config(config.model), torch.float32, meta=False, seed=0)
+    ddp = DistributedDataParallel(model)
+    ids = torch.randint(0, 256, (2, 16))
+    ddp(input_ids=ids, labels=ids).loss.backward()
+    buckets = ddp.reducer._get_zeros_like_grad_buckets()
+    held = sum(b.buffer().numel() * b.buffer().element_size() for b in buckets)
+    estimate = memory.estimate(memory.Plan.of_trainer(config))
+    assert estimate is not None and held == estimate.grad_buffers == estimate.grads
+
+
 def test_preflight_refuses_a_plan_whose_states_cannot_fit(tmp_path: Path) -> None:
     config = tiny_config(tmp_path, "mem", scaling={"deviceMemoryBytes": 100_000})
     with pytest.raises(
