@@ -153,6 +153,12 @@ def _earlier_pods() -> str:
     return str(EarlierPodsRemain([pod], "new"))
 
 
+def _admission_policy() -> str:
+    """The chart's ValidatingAdmissionPolicy writes this one in CEL (tests/cluster/test_containment.py
+    runs it against a real API server); here only its source is checked for the fragment."""
+    return (REPO / "charts" / "llmtrain" / "templates" / "admission-policy.yaml").read_text()
+
+
 def _memory_findings(document: dict[str, Any]) -> str:
     findings = memory.check(memory.Plan.of_job(parse_job(document).spec))
     assert len(findings) == 1
@@ -212,6 +218,7 @@ PRODUCERS: dict[str, Callable[[], str]] = {
     "(referenced by an env variable) does not exist": _missing_secret,
     "the namespace's ResourceQuota refuses the Ray cluster's pods": _quota,
     "does not list in its annotation llmtrain.dev/allowed-secrets": _secrets_policy,
+    "llmtrain containment: refused to write": _admission_policy,
     "of an earlier LLMTrainingJob of this name": _earlier_pods,
     "cannot fit: parameters, gradients and optimizer states alone need": _cannot_fit,
     "probably does not fit: estimated peak": _probably_not,
