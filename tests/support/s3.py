@@ -37,6 +37,7 @@ REGION = "us-east-1"
 class S3Server:
     endpoint: str
     root: Path  # the posix backend's folder: one subfolder per bucket
+    access_log: Path  # the server's access log: one line per request it answered
 
     @property
     def env(self) -> dict[str, str]:
@@ -82,7 +83,9 @@ def versitygw(folder: Path, timeout: float = 60.0) -> Iterator[S3Server]:
     data = folder / "data"
     data.mkdir(parents=True, exist_ok=True)
     port = _free_port()
+    access_log = folder / "access.log"
     command = [str(binary), "--access", ACCESS_KEY, "--secret", SECRET_KEY, "--region", REGION]
+    command += ["--access-log", str(access_log), "--quiet"]
     command += ["--port", f"127.0.0.1:{port}", "posix", str(data)]
     log_path = folder / "versitygw.log"
     log = log_path.open("wb")
@@ -100,7 +103,7 @@ def versitygw(folder: Path, timeout: float = 60.0) -> Iterator[S3Server]:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"versitygw not listening after {timeout} s: {log_path.read_text()}")
             time.sleep(0.1)
-        yield S3Server(f"http://127.0.0.1:{port}", data)
+        yield S3Server(f"http://127.0.0.1:{port}", data, access_log)
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
@@ -109,3 +112,9 @@ def versitygw(folder: Path, timeout: float = 60.0) -> Iterator[S3Server]:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
         log.close()
+
+
+def requests(server: S3Server, operation: str, key: str) -> int:
+    """How many `operation` requests (e.g. GetObject) for `key` the server answered."""
+    needle = f" s3_{operation} {key} "
+    return sum(needle in line for line in server.access_log.read_text().splitlines())
