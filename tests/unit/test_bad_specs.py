@@ -418,6 +418,18 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
         True,
     ),
     (
+        "export-to-s3-without-object-storage",
+        spec("checkpoint", {"exportTo": "s3://models/run"}),
+        "checkpoint.exportTo is an s3:// URI",
+        True,
+    ),
+    (
+        "resume-checkpoint-bucket-too-short",
+        spec("resumeFrom", {"checkpoint": "s3://x/checkpoint-step-00000100"}),
+        "resumeFrom.checkpoint: an object URI is s3://bucket/key",
+        True,
+    ),
+    (
         "resume-checkpoint-s3-without-object-storage",
         spec("resumeFrom", {"checkpoint": "s3://ckpt/checkpoint-step-00000100"}),
         "resumeFrom.checkpoint is an s3:// URI",

@@ -988,14 +988,15 @@ def _object_uri_rules() -> list[JsonDict]:
     credentials of spec.objectStorage (a Secret reference; keys are never inline)."""
     rules = []
     for field, (present, value) in _URI_FIELDS.items():
-        rules.append(
-            cel(
-                f"!({present}) || !{value}.contains('://') || {value}.matches('{OBJECT_URI_CEL}')",
-                f"{field}: an object URI is s3://bucket/key (or gs://, az://) with a lower-case "
-                "bucket name of 3-63 characters",
-                "." + field,
+        if field != "checkpoint.exportTo":  # its own pattern admits object URIs only
+            rules.append(
+                cel(
+                    f"!({present}) || !{value}.contains('://') || {value}.matches('{OBJECT_URI_CEL}')",
+                    f"{field}: an object URI is s3://bucket/key (or gs://, az://) with a lower-case "
+                    "bucket name of 3-63 characters",
+                    "." + field,
+                )
             )
-        )
         rules.append(
             cel(
                 f"!({present}) || !{value}.startsWith('s3://') || has(self.objectStorage)",
