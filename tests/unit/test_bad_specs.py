@@ -384,6 +384,58 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
         True,
     ),
     (
+        "s3-dataset-without-object-storage",
+        spec("dataset", {"path": "s3://corpus/tiny.txt"}),
+        "dataset.path is an s3:// URI: set spec.objectStorage",
+        True,
+    ),
+    (
+        "s3-model-upper-case-bucket",
+        spec("model", {"name": "s3://Models/tiny"}),
+        "model.name: an object URI is s3://bucket/key",
+        True,
+    ),
+    ("unknown-uri-scheme", spec("dataset", {"path": "ftp://host/data.txt"}), "dataset.path", True),
+    (
+        "export-to-not-a-uri",
+        spec("checkpoint", {"exportTo": "/mnt/elsewhere"}),
+        "checkpoint.exportTo",
+        True,
+    ),
+    (
+        "export-to-without-export",
+        spec("checkpoint", {"export": False, "exportTo": "s3://models/run"}),
+        "checkpoint.exportTo copies the export",
+        True,
+    ),
+    (
+        "object-storage-inline-key",
+        spec(
+            "objectStorage",
+            {"accessKeySecretRef": {"name": "s3", "key": "id"}, "secretKeySecretRef": "hunter2"},
+        ),
+        "objectStorage.secretKeySecretRef",
+        True,
+    ),
+    (
+        "export-to-s3-without-object-storage",
+        spec("checkpoint", {"exportTo": "s3://models/run"}),
+        "checkpoint.exportTo is an s3:// URI",
+        True,
+    ),
+    (
+        "resume-checkpoint-bucket-too-short",
+        spec("resumeFrom", {"checkpoint": "s3://x/checkpoint-step-00000100"}),
+        "resumeFrom.checkpoint: an object URI is s3://bucket/key",
+        True,
+    ),
+    (
+        "resume-checkpoint-s3-without-object-storage",
+        spec("resumeFrom", {"checkpoint": "s3://ckpt/checkpoint-step-00000100"}),
+        "resumeFrom.checkpoint is an s3:// URI",
+        True,
+    ),
+    (
         "env-autoscaler-v2",
         spec("network", {"env": [{"name": "RAY_enable_autoscaler_v2", "value": "1"}]}),
         "network.env",
@@ -694,6 +746,15 @@ ACCEPTED: list[tuple[str, Any]] = [
     ("resources.cpu", "4"),  # exactly half a core for each of the 8 GPU processes
     ("resources.memory", "+64Gi"),
     ("resources.head.cpu", "500m"),
+    # Object-store URIs with the store's Secret references.
+    (
+        "objectStorage",
+        {
+            "endpoint": "http://s3.storage.svc:7070",
+            "accessKeySecretRef": {"name": "s3", "key": "id"},
+            "secretKeySecretRef": {"name": "s3", "key": "secret"},
+        },
+    ),
     # Every tracker, credentials from Secrets; credential-looking names with a Secret or no value.
     (
         "tracking",

@@ -403,6 +403,41 @@ CASES[_rule("network.env names must be unique")] = [
 ]
 
 
+# Object-store URIs (spec-level rules): a '://' value must be a well-formed object URI, and an
+# s3:// one needs spec.objectStorage (its Secret references).
+_STORE = {"accessKeySecretRef": {"name": "s", "key": "a"}, "secretKeySecretRef": {"name": "s", "key": "b"}}
+for _field, _wrap in [
+    ("dataset.path", lambda v: {"dataset": {"path": v}, "model": {}, "checkpoint": {}}),
+    ("model.name", lambda v: {"model": {"name": v}, "dataset": {}, "checkpoint": {}}),
+    (
+        "resumeFrom.checkpoint",
+        lambda v: {"resumeFrom": {"checkpoint": v}, "model": {}, "dataset": {}, "checkpoint": {}},
+    ),
+]:
+    CASES[_rule(f"{_field}: an object URI is")] = [
+        (_wrap("s3://corpus/a/b.txt"), _wrap("s3://Corpus/a"), None),
+        (_wrap("data/a.txt"), _wrap("http://host/a"), None),
+        (_wrap("gs://my-bucket"), _wrap("s3://x/a"), None),
+    ]
+for _field, _wrap in [
+    ("dataset.path", lambda v: {"dataset": {"path": v}, "model": {}, "checkpoint": {}}),
+    ("model.name", lambda v: {"model": {"name": v}, "dataset": {}, "checkpoint": {}}),
+    (
+        "resumeFrom.checkpoint",
+        lambda v: {"resumeFrom": {"checkpoint": v}, "model": {}, "dataset": {}, "checkpoint": {}},
+    ),
+    ("checkpoint.exportTo", lambda v: {"checkpoint": {"exportTo": v}, "model": {}, "dataset": {}}),
+]:
+    CASES[_rule(f"{_field} is an s3:// URI")] = [
+        ({**_wrap("s3://corpus/a"), "objectStorage": _STORE}, _wrap("s3://corpus/a"), None),
+        (_wrap("gs://corpus/a"), _wrap("s3://corpus/a"), None),
+    ]
+CASES[_rule("checkpoint.exportTo copies the export")] = [
+    ({"export": True, "exportTo": "s3://m/a"}, {"export": False, "exportTo": "s3://m/a"}, None),
+    ({"export": False}, {"export": False, "exportTo": "gs://m/a"}, None),
+]
+
+
 def _rules(schema: dict[str, Any]) -> Iterator[str]:
     for entry in schema.get("x-kubernetes-validations", []):
         yield entry["rule"]

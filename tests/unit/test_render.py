@@ -674,3 +674,35 @@ def test_ray_version_follows_the_image() -> None:
     assert _ray_version_of(custom, ImageSettings(ray_version="2.61.1")) == ("2.61.1", {"2.61.1"})
     own = with_path(custom, "spec.resources.rayVersion", "2.53.0")
     assert _ray_version_of(own, ImageSettings(ray_version="2.61.1")) == ("2.53.0", {"2.53.0"})
+
+
+def test_object_storage_credentials_reach_head_and_workers_as_secret_references() -> None:
+    """spec.objectStorage becomes AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY secretKeyRef entries and
+    plain AWS_ENDPOINT_URL / AWS_REGION values in every Ray container; the s3:// URIs stay URIs in
+    the TrainerConfig (not resolved under the mount path)."""
+    doc = _gpu_job(
+        objectStorage={
+            "endpoint": "http://s3.storage.svc:7070",
+            "region": "eu-west-1",
+            "accessKeySecretRef": {"name": "s3-creds", "key": "id"},
+            "secretKeySecretRef": {"name": "s3-creds", "key": "secret"},
+        },
+        dataset={"path": "s3://corpus/tiny.txt"},
+        checkpoint={"exportTo": "s3://models/tiny"},
+    )
+    objects = _by_kind(render(_job(doc)))
+    for pod in pods(objects["RayJob"]):
+        env = env_of(pod)
+        assert env["AWS_ACCESS_KEY_ID"] == {
+            "name": "AWS_ACCESS_KEY_ID",
+            "valueFrom": {"secretKeyRef": {"name": "s3-creds", "key": "id"}},
+        }
+        assert env["AWS_SECRET_ACCESS_KEY"] == {
+            "name": "AWS_SECRET_ACCESS_KEY",
+            "valueFrom": {"secretKeyRef": {"name": "s3-creds", "key": "secret"}},
+        }
+        assert env["AWS_ENDPOINT_URL"] == {"name": "AWS_ENDPOINT_URL", "value": "http://s3.storage.svc:7070"}
+        assert env["AWS_REGION"] == {"name": "AWS_REGION", "value": "eu-west-1"}
+    config = TrainerConfig.model_validate_json(objects["ConfigMap"]["data"][CONFIG_FILENAME])
+    assert config.dataset.path == "s3://corpus/tiny.txt"
+    assert config.checkpoint.export_to == "s3://models/tiny"

@@ -145,9 +145,12 @@ class KubernetesProgressSink:
     def report_error(self, message: str | None) -> None:
         """The root cause of a failed run (e.g. 'OutOfMemoryError on rank 3: ...') or of a stall,
         sent at once; None clears it (a merge patch deletes a null field)."""
+        self.report(error=None if message is None else message[:ERROR_MAX_LENGTH])
+
+    def report(self, **fields: Any) -> None:
+        """Set status.progress fields (Progress's names) at once, e.g. exported_to."""
         with self._cond:
-            error = None if message is None else message[:ERROR_MAX_LENGTH]
-            changes = {"error": error, "updated_at": _rfc3339(time.time())}
+            changes = {**fields, "updated_at": _rfc3339(time.time())}
             self._state = Progress.model_validate(self._state).model_copy(update=changes).to_patch()
             self._version += 1
             self._urgent = True
@@ -228,4 +231,14 @@ def report_failure(config: TrainerConfig, root_cause: str, flush_timeout: float 
     sink = kubernetes_sink(config)
     if sink is not None:
         sink.report_error(root_cause)
+        sink.close(flush_timeout)
+
+
+def report_export(config: TrainerConfig, uri: str, flush_timeout: float = 10.0) -> None:
+    """From the driver: put the URI the export was pushed to into status.progress.exportedTo."""
+    if not config.progress.report_to_kubernetes:
+        return
+    sink = kubernetes_sink(config)
+    if sink is not None:
+        sink.report(exported_to=uri)
         sink.close(flush_timeout)

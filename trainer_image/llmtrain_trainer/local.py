@@ -181,7 +181,7 @@ def run_local(
             json.loads(summary_file.read_text()) if summary_file.exists() else build_summary(run_dir, None)
         )
         print_summary(console, summary)
-        return 0
+        return _push(console, config)  # a push that failed last time is tried again
     latest = latest_checkpoint(run_dir)
     if latest is not None:
         console.print(
@@ -195,9 +195,15 @@ def run_local(
     from llmtrain_trainer.lifecycle import LoopOptions
     from llmtrain_trainer.main import TrainingError, run_training
     from llmtrain_trainer.modes import mode_for
+    from llmtrain_trainer.objstore import ObjectStoreError, stage_inputs
     from llmtrain_trainer.preflight import PreflightError, check
     from llmtrain_trainer.run_logs import attach_driver, detach, logs_dir, note
 
+    try:
+        config = stage_inputs(config, resuming=latest is not None)
+    except ObjectStoreError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        return 1
     try:
         check(config)
     except PreflightError as exc:
@@ -246,6 +252,20 @@ def run_local(
     plot_loss_curve(run_dir, run_dir / LOSS_CURVE_FILE)
     (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     print_summary(console, summary)
+    return _push(console, config)
+
+
+def _push(console: Console, config: TrainerConfig) -> int:
+    """checkpoint.exportTo: copy the finished export to the object store (once, retried)."""
+    from llmtrain_trainer.objstore import ObjectStoreError, push_export
+
+    try:
+        uri = push_export(config)
+    except ObjectStoreError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        return 1
+    if uri is not None:
+        console.print(f"Export pushed to {escape(uri)}")
     return 0
 
 

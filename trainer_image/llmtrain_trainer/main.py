@@ -20,12 +20,14 @@ from llmtrain.api.trainer_config import TrainerConfig
 from llmtrain.constants import RAY_VERSION_ENV
 
 from llmtrain_trainer.config import DEFAULT_CONFIG_PATH, ConfigError, load_current_config
-from llmtrain_trainer.kube_progress import report_failure
+from llmtrain_trainer.kube_progress import report_export, report_failure
 from llmtrain_trainer.lifecycle import LoopOptions
 from llmtrain_trainer.loop import loop_config, train_loop_per_worker
+from llmtrain_trainer.objstore import ObjectStoreError, push_export, stage_inputs
 from llmtrain_trainer.preflight import PreflightError, check
 from llmtrain_trainer.ray_version import RayVersionMismatch, check_ray_version
 from llmtrain_trainer.run_logs import RunLogHandler, attach_driver, detach, note
+from llmtrain_trainer.rundir import latest_checkpoint
 from llmtrain_trainer.weights import with_model_folder
 
 log = logging.getLogger("llmtrain_trainer")
@@ -137,6 +139,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(config: TrainerConfig, handler: RunLogHandler | None) -> int:
     try:
+        # Object URIs become local copies on the shared storage, once, before any worker starts.
+        config = stage_inputs(config, resuming=latest_checkpoint(Path(config.run_dir)) is not None)
+    except ObjectStoreError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        note(handler, f"{PROG}: error: {exc}")
+        report_failure(config, str(exc))
+        return 1  # may be passing (the store down): a RayJob retry tries again
+    try:
         check(config)
     except PreflightError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -169,6 +179,20 @@ def _run(config: TrainerConfig, handler: RunLogHandler | None) -> int:
         config.run_name,
         config.export_dir if config.checkpoint.export else "-",
     )
+    return publish_export(config, handler)
+
+
+def publish_export(config: TrainerConfig, handler: RunLogHandler | None) -> int:
+    """Push the finished export to checkpoint.exportTo (once, retried) and report where it went."""
+    try:
+        uri = push_export(config)
+    except ObjectStoreError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        note(handler, f"{PROG}: error: {exc}")
+        report_failure(config, str(exc))
+        return 1
+    if uri is not None:
+        report_export(config, uri)
     return 0
 
 

@@ -12,6 +12,7 @@ from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
+from pydantic.config import JsonDict
 
 from llmtrain.api.base import (
     DNS1123_SUBDOMAIN,
@@ -26,6 +27,7 @@ from llmtrain.api.base import (
     immutable,
     metadata_keys_rule,
 )
+from llmtrain.api.object_storage import OBJECT_URI, OBJECT_URI_CEL, ObjectStorageSpec
 from llmtrain.api.pod_template import PodTemplateOverlay
 from llmtrain.api.tracking import TrackingSpec
 from llmtrain.api.trainer_spec import HF_SEED_UNSUPPORTED, TrainerSpec
@@ -356,6 +358,18 @@ class TrainingSpec(ApiModel):
 class CheckpointSpec(ApiModel):
     """Sharded checkpoints on the shared storage; the run resumes from the latest one."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.exportTo) || !has(self.export) || self.export",
+                    "checkpoint.exportTo copies the export: it needs checkpoint.export: true",
+                    ".exportTo",
+                ),
+            ]
+        }
+    )
+
     every_steps: int = Field(
         default=500, ge=1, le=10_000_000, description="Optimizer steps between checkpoints."
     )
@@ -373,6 +387,12 @@ class CheckpointSpec(ApiModel):
         default=True,
         description="At the end, write a Hugging Face directory (safetensors, config, tokenizer) next to "
         "the checkpoints.",
+    )
+    export_to: Annotated[str, Field(pattern=OBJECT_URI, max_length=1024)] | None = Field(
+        default=None,
+        description="Also copy the export, once it is complete, to this object-store prefix "
+        "(s3://bucket/prefix; needs spec.objectStorage). Retried a few times; the result shows in "
+        "status.progress.exportedTo (or status.progress.error).",
     )
 
 
@@ -959,12 +979,50 @@ class ResumeFromSpec(ApiModel):
     )
 
 
+# The fields that take a path on the shared storage or an object URI: (CEL presence test, CEL value).
+_URI_FIELDS = {
+    "dataset.path": ("has(self.dataset.path)", "self.dataset.path"),
+    "model.name": ("has(self.model.name)", "self.model.name"),
+    "resumeFrom.checkpoint": (
+        "has(self.resumeFrom) && has(self.resumeFrom.checkpoint)",
+        "self.resumeFrom.checkpoint",
+    ),
+    "checkpoint.exportTo": ("has(self.checkpoint.exportTo)", "self.checkpoint.exportTo"),
+}
+
+
+def _object_uri_rules() -> list[JsonDict]:
+    """Per field: a '://' value must be a well-formed object URI, and an s3:// one needs the
+    credentials of spec.objectStorage (a Secret reference; keys are never inline)."""
+    rules = []
+    for field, (present, value) in _URI_FIELDS.items():
+        if field != "checkpoint.exportTo":  # its own pattern admits object URIs only
+            rules.append(
+                cel(
+                    f"!({present}) || !{value}.contains('://') || {value}.matches('{OBJECT_URI_CEL}')",
+                    f"{field}: an object URI is s3://bucket/key (or gs://, az://) with a lower-case "
+                    "bucket name of 3-63 characters",
+                    "." + field,
+                )
+            )
+        rules.append(
+            cel(
+                f"!({present}) || !{value}.startsWith('s3://') || has(self.objectStorage)",
+                f"{field} is an s3:// URI: set spec.objectStorage with the endpoint and the Secret "
+                "holding the access keys (listed in the namespace's llmtrain.dev/allowed-secrets)",
+                "." + field,
+            )
+        )
+    return rules
+
+
 class LLMTrainingJobSpec(ApiModel):
     """Desired state: what to train, how, on what, and under which policy."""
 
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
+                *_object_uri_rules(),
                 cel(
                     "self.training.precision != 'fp16' || self.resources.gpusPerWorker > 0",
                     "training.precision fp16 needs GPUs: use fp32 (or bf16) with resources.gpusPerWorker: 0",
@@ -1077,6 +1135,12 @@ class LLMTrainingJobSpec(ApiModel):
         default_factory=NetworkSpec,
         description="NCCL settings.",
         json_schema_extra=immutable("network"),
+    )
+    object_storage: ObjectStorageSpec | None = Field(
+        default=None,
+        description="The S3-compatible store that s3:// URIs in dataset.path, model.name, "
+        "resumeFrom.checkpoint and checkpoint.exportTo are read from and written to, and the "
+        "Secret with its keys.",
     )
     tracking: TrackingSpec | None = Field(
         default=None,

@@ -68,6 +68,12 @@ class Progress(ApiModel):
         max_length=ERROR_MAX_LENGTH,
         description="Root cause reported by the trainer, e.g. rank and error class.",
     )
+    exported_to: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="The object-store URI the finished export was copied to (checkpoint.exportTo); "
+        "a failed copy shows in error instead.",
+    )
     updated_at: str | None = Field(default=None, description="When the trainer last reported (RFC 3339).")
     notices: list[Annotated[str, Field(max_length=NOTICE_MAX_LENGTH)]] | None = Field(
         default=None,

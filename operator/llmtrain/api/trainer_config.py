@@ -12,6 +12,7 @@ from pathlib import PurePosixPath
 from pydantic import Field
 
 from llmtrain.api.base import ApiModel
+from llmtrain.api.object_storage import ObjectStorageSpec
 from llmtrain.api.spec import (
     CheckpointSpec,
     DatasetSpec,
@@ -92,6 +93,11 @@ class TrainerConfig(ApiModel):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     progress: ProgressSpec = Field(default_factory=ProgressSpec)
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
+    object_storage: ObjectStorageSpec | None = Field(
+        default=None,
+        description="spec.objectStorage: the store's endpoint and region (the environment's "
+        "AWS_ENDPOINT_URL and AWS_REGION win); credentials only ever come from the environment.",
+    )
     tracking: TrackingSpec | None = Field(
         default=None, description="spec.tracking: the trackers rank 0 sends metrics and config to."
     )

@@ -90,8 +90,13 @@ def _env(job: LLMTrainingJob, images: ImageSettings, uses_gpu: bool) -> list[dic
     secrets = {"HF_TOKEN": spec.model.hf_token_secret_ref}
     if spec.tracking is not None:
         secrets.update(spec.tracking.secret_env())
+    plain: dict[str, str] = {}
+    if spec.object_storage is not None:  # the s3:// URIs' store: pyarrow reads these variables
+        secrets.update(spec.object_storage.secret_env())
+        plain.update(spec.object_storage.plain_env())
     user = container_env(spec.network, uses_gpu)
     chosen = {var["name"] for var in user}  # network.env wins over the derived references
+    env.extend({"name": name, "value": value} for name, value in plain.items() if name not in chosen)
     for name, ref in secrets.items():
         if ref is not None and name not in chosen:
             env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})

@@ -12,6 +12,7 @@ import math
 from pathlib import Path, PurePosixPath
 
 from llmtrain.api.job import LLMTrainingJob
+from llmtrain.api.object_storage import is_object_uri
 from llmtrain.api.spec import MIN_CPUS_PER_PROCESS
 from llmtrain.api.trainer_config import JobRef, ProgressSpec, ResumeSource, ScalingSpec, TrainerConfig
 from llmtrain.constants import PROGRESS_INTERVAL_SECONDS
@@ -41,7 +42,8 @@ def run_id(job: LLMTrainingJob) -> str:
 
 
 def _resolve(path: str, base: PurePosixPath | Path) -> str:
-    return path if path.startswith("/") else str(base / path)
+    """An absolute path or an object URI as is; a relative path under `base`."""
+    return path if path.startswith("/") or is_object_uri(path) else str(base / path)
 
 
 def _build(
@@ -82,6 +84,7 @@ def _build(
         progress=progress,
         trainer=trainer,
         tracking=spec.tracking,
+        object_storage=spec.object_storage,
         network=spec.network,
     )
 

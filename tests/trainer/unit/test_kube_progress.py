@@ -79,3 +79,45 @@ def test_reporter_outside_a_pod_verifies_the_api_server_with_the_ca_file_from_th
     else:  # the private CA is not among the system's: the certificate cannot be verified
         assert (sink.patches_sent, _StatusServer.seen) == (0, []) and sink.failures >= 1
         assert "CERTIFICATE_VERIFY_FAILED" in caplog.text
+
+
+class _BodyServer(http.server.BaseHTTPRequestHandler):
+    """Answers every PATCH 200 and records its JSON body."""
+
+    bodies: ClassVar[list[Any]] = []
+
+    def do_PATCH(self) -> None:
+        import json
+
+        self.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_the_pushed_exports_uri_reaches_status_progress_exported_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """checkpoint.exportTo's result: the driver patches status.progress.exportedTo, nothing else
+    but the report time (a merge patch keeps the step, loss and checkpoint rank 0 reported)."""
+    from tests.support.trainer import tiny_config
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _BodyServer)
+    _BodyServer.bodies = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv(kube_progress.API_SERVER_ENV, f"http://127.0.0.1:{server.server_address[1]}")
+        monkeypatch.setenv(kube_progress.API_TOKEN_ENV, "t")
+        config = tiny_config(tmp_path, "push", progress={"reportToKubernetes": True})
+        kube_progress.report_export(config, "s3://models/tiny/v1", flush_timeout=5)
+    finally:
+        server.shutdown()
+        server.server_close()
+    (body,) = _BodyServer.bodies
+    progress = body["status"]["progress"]
+    assert progress.pop("updatedAt")
+    assert progress == {"exportedTo": "s3://models/tiny/v1"}

@@ -1,0 +1,120 @@
+"""A real S3-compatible server for the object-storage tests: versitygw, built from its Go module
+(hack/tools/versitygw, like the cluster tier's tools), serving a temporary folder through its
+posix backend on 127.0.0.1 with a root access key, stopped with the test.
+
+`s3_env` is the environment the trainer's client reads (the variables the renderer injects from
+spec.objectStorage on a cluster); `s3_client` is pyarrow's S3 filesystem on the server, for the
+tests to put and list objects through the S3 API.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT / "hack" / "tools"))
+import build_tools as tools  # noqa: E402
+
+if TYPE_CHECKING:
+    from pyarrow import fs as pafs
+
+ACCESS_KEY = "llmtrain-test"
+SECRET_KEY = "llmtrain-test-secret"  # the throwaway root key of a loopback-only server
+REGION = "us-east-1"
+
+
+@dataclass(frozen=True)
+class S3Server:
+    endpoint: str
+    root: Path  # the posix backend's folder: one subfolder per bucket
+    access_log: Path  # the server's access log: one line per request it answered
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What spec.objectStorage's secretKeyRef and value entries give the Ray containers."""
+        return {
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_REGION": REGION,
+        }
+
+    def client(self) -> pafs.S3FileSystem:
+        from pyarrow import fs
+
+        return fs.S3FileSystem(
+            access_key=ACCESS_KEY,
+            secret_key=SECRET_KEY,
+            region=REGION,
+            endpoint_override=self.endpoint.removeprefix("http://"),
+            scheme="http",
+            allow_bucket_creation=True,
+        )
+
+    def keys(self, bucket: str) -> list[str]:
+        """Every object key of the bucket, listed through the S3 API (ListObjectsV2)."""
+        from pyarrow import fs
+
+        found = self.client().get_file_info(fs.FileSelector(bucket, recursive=True))
+        return sorted(i.path.removeprefix(bucket + "/") for i in found if i.type == fs.FileType.File)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@contextmanager
+def versitygw(folder: Path, timeout: float = 60.0) -> Iterator[S3Server]:
+    """versitygw's posix backend on `folder`/data, listening on 127.0.0.1 only."""
+    binary = tools.ensure("versitygw") / "versitygw"
+    data = folder / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    access_log = folder / "access.log"
+    command = [str(binary), "--access", ACCESS_KEY, "--secret", SECRET_KEY, "--region", REGION]
+    command += ["--access-log", str(access_log), "--quiet"]
+    command += ["--port", f"127.0.0.1:{port}", "posix", str(data)]
+    log_path = folder / "versitygw.log"
+    log = log_path.open("wb")
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if server.poll() is not None:
+                raise RuntimeError(f"versitygw exited {server.returncode}: {log_path.read_text()}")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"versitygw not listening after {timeout} s: {log_path.read_text()}")
+            time.sleep(0.1)
+        yield S3Server(f"http://127.0.0.1:{port}", data, access_log)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()
+
+
+def requests(server: S3Server, operation: str, key: str) -> int:
+    """How many `operation` requests (e.g. GetObject) for `key` the server answered."""
+    needle = f" s3_{operation} {key} "
+    return sum(needle in line for line in server.access_log.read_text().splitlines())
