@@ -88,6 +88,10 @@ def launch(config: TrainerConfig, options: LoopOptions) -> None:
         raise LaunchError(reason)
     for name, value in worker_env_vars(config).items():
         os.environ.setdefault(name, value)
+    if "MASTER_ADDR" not in os.environ:  # a lone process: the place torchrun would give it
+        for name in ("RANK", "LOCAL_RANK"):
+            os.environ.setdefault(name, "0")  # DeepSpeed reads LOCAL_RANK itself
+        os.environ.setdefault("WORLD_SIZE", "1")
     env = WorkerEnv.from_torchrun(config.scaling.use_gpu)
     if env.is_main and env.world_size != config.scaling.num_workers:
         logging.getLogger("llmtrain_trainer").info(
