@@ -14,7 +14,7 @@ metrics (`model.TrainingFlops` over the GPU's dense bf16 peak), the median over 
 `--warmup`; peak memory is `torch.cuda.max_memory_allocated` of the case's process; the estimate
 is the preflight's (`llmtrain.memory`). Without a CUDA device it prints why and exits 2.
 
-It needs torch, transformers and peft (accelerate for nothing here), not Ray or DeepSpeed: copy the
+It needs torch, transformers and peft, not Ray or DeepSpeed: copy the
 repository's `operator/`, `trainer_image/`, `benchmarks/` and `examples/data/` (a few MiB) and run
 
     python benchmarks/gpu_mfu.py [--steps 30] [--cases fsdp ddp]
