@@ -104,7 +104,7 @@ bench-operator: $(STAMP) tools ## operator throughput: 1,000 jobs on a real cont
 bench-trainer: $(STAMP) ## trainer loop overhead vs a minimal FSDP2 loop (CPU)
 	$(PY) benchmarks/trainer_overhead.py
 
-bench-gpu: $(STAMP) ## tokens/s and MFU of FSDP2 and ZeRO-3 on the local GPUs
+bench-gpu: $(STAMP) ## tokens/s, MFU, peak memory vs the estimate on one local GPU, without Ray (FSDP2, DDP, LoRA, checkpointing)
 	$(PY) benchmarks/gpu_mfu.py
 
 bench-tokenize: $(STAMP) ## tokenisation MB/s at 1 and 2 processes, and a restart from the cache (BENCH_ARGS="--mb 64")

@@ -28,7 +28,7 @@ from llmtrain.operator import config as operator_config
 TRAINERS_GROUP = "llmtrain.trainers"
 """The entry point group the trainer package registers its runners in (see pyproject.toml)."""
 LOCAL_TRAINER = "local"
-"""The runner behind `llmtrain run`: `run_local(job_file, runs_root, use_gpu, fresh) -> exit code`."""
+"""The runner behind `llmtrain run`: `run_local(job_file, runs_root, use_gpu, fresh[, ray]) -> exit code`."""
 
 
 def _documents(path: Path) -> Iterator[Any]:
@@ -177,6 +177,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.no_ray:
+        return run_local(args.file, runs_root=args.runs_dir, use_gpu=args.gpu, fresh=args.fresh, ray=False)
     return run_local(args.file, runs_root=args.runs_dir, use_gpu=args.gpu, fresh=args.fresh)
 
 
@@ -241,11 +243,18 @@ def build_parser(prog: str = "llmtrain") -> argparse.ArgumentParser:
     p = sub.add_parser("crd", help="print the LLMTrainingJob CustomResourceDefinition")
     p.set_defaults(func=cmd_crd)
 
-    p = sub.add_parser("run", help="train an LLMTrainingJob on this machine with a local Ray")
+    p = sub.add_parser("run", help="train an LLMTrainingJob on this machine with a local Ray (or --no-ray)")
     p.add_argument("file", type=Path)
     p.add_argument("--runs-dir", type=Path, default=Path(LOCAL_RUNS_DIR), help="where runs are kept")
     p.add_argument("--gpu", action="store_true", help="train on local GPUs (default: CPU)")
     p.add_argument("--fresh", action="store_true", help="discard the previous run and start over")
+    p.add_argument(
+        "--no-ray",
+        action="store_true",
+        help="train without Ray: one process (python -m llmtrain_trainer.launch), or torchrun's "
+        "processes, one per worker, when the job has more; no worker restarts (run again to resume); "
+        "trainer.type huggingface needs Ray",
+    )
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser(

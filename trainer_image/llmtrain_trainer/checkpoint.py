@@ -1,4 +1,4 @@
-"""Checkpoints: written by every rank straight into the run directory, registered with Ray Train.
+"""Checkpoints: written by every rank straight into the run directory, registered with the launcher.
 
 A checkpoint directory `checkpoint-step-NNNNNNNN/` holds the strategy's sharded state (DCP or
 DeepSpeed files), one RNG file per rank and `trainer_state.json` (`TrainerState`: step, data
@@ -7,9 +7,9 @@ trainer mode's checkpoints carry the same state file (the Hugging Face and custo
 own files into the directory, lifecycle.py registers it), and `complete` is its one writer. With
 checkpoint.asyncSave the shards are written in the background (`start`), and training goes on
 until the next checkpoint, the export or the end, which first `complete` the pending one. It is
-then reported with `CheckpointUploadMode.NO_UPLOAD`: the files already sit on the shared storage,
-so Ray Train only records the path (and deletes old ones per `num_to_keep`). On start,
-`ray.train.get_checkpoint()` names the latest one to restore; when it is incomplete or corrupt (a
+then reported through the run context (run_context.py: to Ray Train with NO_UPLOAD, which only
+records the path and deletes old ones per `num_to_keep`; without Ray, old ones are pruned the same
+way). On start, the context names the latest one to restore; when it is incomplete or corrupt (a
 torn shard, a lost file), the older complete ones in the run directory are tried, newest first. A
 new run may instead load another run's checkpoint (spec.resumeFrom, resume_from.py).
 """
@@ -25,10 +25,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
-import ray.train
 import torch
 import torch.distributed as dist
-from ray.train import CheckpointConsistencyMode, CheckpointUploadMode
 from torch.distributed.checkpoint.api import CheckpointException
 
 from llmtrain_trainer.data import DataPosition
@@ -148,7 +146,7 @@ class PendingCheckpoint:
     written: Future[Any]
     """This rank's share of the strategy's files (checkpoint.asyncSave writes them in a thread)."""
     metrics: dict[str, Any] = field(default_factory=dict)
-    """What `report` sends to Ray Train with it."""
+    """What the report to the run context carries with it."""
 
 
 def start(strategy: Strategy, state: TrainerState, run_dir: Path, env: WorkerEnv) -> PendingCheckpoint:
@@ -215,38 +213,18 @@ def save(strategy: Strategy, state: TrainerState, run_dir: Path, env: WorkerEnv)
     return complete(start(strategy, state, run_dir, env), env)
 
 
-def report(directory: Path, metrics: dict[str, Any], env: WorkerEnv) -> None:
-    """Register the checkpoint with Ray Train (a barrier: every rank calls it).
-
-    `report` returns once the checkpoint is queued; rank 0 then waits until the controller has
-    committed it (written its snapshot), so a "checkpoint" progress record means a restart from
-    this point is guaranteed, even if the driver dies the next moment.
-    """
-    storage = ray.train.get_context().get_storage()
-    checkpoint = ray.train.Checkpoint(str(directory), filesystem=storage.storage_filesystem)
-    ray.train.report(
-        metrics,
-        checkpoint=checkpoint,
-        checkpoint_dir_name=directory.name,
-        checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD,
-    )
-    if env.is_main:
-        ray.train.get_all_reported_checkpoints(consistency_mode=CheckpointConsistencyMode.COMMITTED)
-
-
-def restore(strategy: Strategy, env: WorkerEnv, run_dir: Path) -> Restored | None:
-    """Load the latest reported checkpoint of this run into the strategy; None on a fresh run.
+def restore(strategy: Strategy, env: WorkerEnv, run_dir: Path, latest: Path | None) -> Restored | None:
+    """Load `latest`, the run context's latest checkpoint of this run, into the strategy; None on
+    a fresh run (`latest` None).
 
     When the latest one is incomplete or corrupt, the older complete checkpoints in the run
-    directory are tried, newest first (never a newer one: Ray Train did not register it). Every
+    directory are tried, newest first (never a newer one: the launcher did not register it). Every
     rank tries the same directory and all agree before moving on, since a torn shard may break
     only one rank's read. Loading a checkpoint overwrites all of the state a failed attempt may
-    have half-loaded. A checkpoint reported with NO_UPLOAD lies in the run directory itself.
+    have half-loaded.
     """
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is None:
+    if latest is None:
         return None
-    latest = run_dir / Path(checkpoint.path).name
     older = (p for p in complete_checkpoints(run_dir) if checkpoint_order(p) < checkpoint_order(latest))
     candidates = [latest, *older]
     skipped: list[str] = []

@@ -8,6 +8,7 @@ the checkpoint code; the helpers here are collectives, so every rank must reach 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -81,16 +82,20 @@ def rank_zero_first(env: WorkerEnv) -> Iterator[None]:
 def wait_for_all_ranks() -> None:
     """A barrier outside the process group: inside Ray Train, its synchronisation actor's (no
     timeout; it logs every minute which ranks it still waits for, and a rank that dies fails the
-    worker group); elsewhere (a bare process group) torch's."""
-    import ray.train
-    from ray.train.collective import barrier
+    worker group); elsewhere (a bare process group, launch.py) torch's. A Ray Train worker has
+    imported ray.train before it runs the loop, so without it Ray is never imported here."""
+    if sys.modules.get("ray.train") is not None:
+        import ray.train
+        from ray.train.collective import barrier
 
-    try:
-        ray.train.get_context()
-    except RuntimeError:  # not a Ray Train worker
-        dist.barrier()
-        return
-    barrier()
+        try:
+            ray.train.get_context()
+        except RuntimeError:  # not a Ray Train worker
+            pass
+        else:
+            barrier()
+            return
+    dist.barrier()
 
 
 def scalar(value: torch.Tensor | float) -> float:

@@ -1,16 +1,18 @@
 """One run lifecycle for every trainer mode: everything on a worker around the training code.
 
-Ray Train starts the same worker function whatever spec.trainer.type says (loop.py); the mode
+Ray Train (or launch.py, without Ray) starts the same worker function whatever spec.trainer.type
+says (loop.py); the mode
 (modes/) trains, and this module does the rest the same way for all of them, so `metrics.jsonl`,
 `status.progress`, `checkpoint-step-N/trainer_state.json` and `result.json` look alike whichever
 code trained, and `llmtrain run`, the operator and resume need no mode switch:
 
-- the resume point: this run's latest checkpoint that Ray Train registered, or on a run's first
-  attempt spec.resumeFrom (`ResumePoint`);
+- the resume point: this run's latest checkpoint that the launcher registered (run_context.py:
+  Ray Train's, or the run directory's newest without Ray), or on a run's first attempt
+  spec.resumeFrom (`ResumePoint`);
 - the `started` or `resumed` record;
 - step records, with tokens/s, MFU and the ETA measured here, once for every mode;
 - checkpoint registration: the one `trainer_state.json` format (`checkpoint.TrainerState`), the
-  report to Ray Train, the `checkpoint` record;
+  report to the run context, the `checkpoint` record;
 - the one `RunResult` in `result.json` (its type lives in the light rundir.py, which `llmtrain run`
   reads), the `exported` and `finished` records;
 - opening rank 0's progress sinks and closing them.
@@ -28,7 +30,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-import ray.train
 from llmtrain.api.trainer_config import TrainerConfig
 from llmtrain.constants import EXPORT_DIR
 
@@ -38,6 +39,7 @@ from llmtrain_trainer.distributed import WorkerEnv
 from llmtrain_trainer.metrics import MetricsRecord, Throughput, checkpoints_from, eta_seconds, peak_flops
 from llmtrain_trainer.progress import FanOut, open_sinks
 from llmtrain_trainer.resume_from import resolve, run_shape
+from llmtrain_trainer.run_context import RayRunContext, RunContext
 from llmtrain_trainer.rundir import RunResult, latest_checkpoint
 
 if TYPE_CHECKING:
@@ -70,7 +72,7 @@ class ResumePoint:
     """Where this attempt starts; all None on a run's fresh start."""
 
     checkpoint: Path | None = None
-    """A checkpoint to continue with all of its state: this run's latest one that Ray Train
+    """A checkpoint to continue with all of its state: this run's latest one that the launcher
     registered, or, on a first attempt, resumeFrom.run's latest."""
     step: int | None = None
     """The step `checkpoint` was saved at."""
@@ -82,12 +84,11 @@ class ResumePoint:
     """spec.resumeFrom's target in words, when this attempt starts from it."""
 
 
-def resume_point(config: TrainerConfig, run_dir: Path) -> ResumePoint:
-    """Ray Train's latest checkpoint of this run, else spec.resumeFrom (which applies only until
-    the run has a checkpoint of its own), else none."""
-    reported = ray.train.get_checkpoint()
-    if reported is not None:
-        directory = run_dir / Path(reported.path).name  # reported with NO_UPLOAD: in the run directory
+def resume_point(config: TrainerConfig, run_dir: Path, context: RunContext | None = None) -> ResumePoint:
+    """The context's latest checkpoint of this run (Ray Train's by default), else spec.resumeFrom
+    (which applies only until the run has a checkpoint of its own), else none."""
+    directory = (context or RayRunContext()).latest_checkpoint(run_dir)
+    if directory is not None:
         return ResumePoint(directory, _step_of(directory), own=True)
     if config.resume_from is None:
         return ResumePoint()
@@ -107,9 +108,17 @@ class Lifecycle:
     progress sinks and closes them."""
 
     def __init__(
-        self, config: TrainerConfig, env: WorkerEnv, run_dir: Path, options: LoopOptions, mode: Mode
+        self,
+        config: TrainerConfig,
+        env: WorkerEnv,
+        run_dir: Path,
+        options: LoopOptions,
+        mode: Mode,
+        context: RunContext | None = None,
     ) -> None:
         self.config = config
+        self.context: RunContext = context or RayRunContext()
+        """Who registers checkpoints and names the latest: Ray Train, or the local launch."""
         self.env = env
         self.run_dir = run_dir
         self.options = options
@@ -117,7 +126,7 @@ class Lifecycle:
         self.export_dir = run_dir / EXPORT_DIR
         self.total_steps = config.training.max_steps or 0
         """The run's length: training.maxSteps until the mode knows better (and sets it)."""
-        self.resume = resume_point(config, run_dir)
+        self.resume = resume_point(config, run_dir, self.context)
         self.resumed_from: int | None = None
         self.skipped_checkpoints: list[str] = []
         self.last_step = 0
@@ -232,13 +241,13 @@ class Lifecycle:
 
     def complete_pending(self, paused_since: float | None = None) -> None:
         """Wait for the pending checkpoint's files on every rank, then make it count: the state
-        file, then the report to Ray Train (never for a checkpoint whose write did not finish),
+        file, then the report to the run context (never for a checkpoint whose write did not finish),
         then the record, with the pause it cost (`paused_since`, else that of the latest)."""
         pending, self.pending = self.pending, None
         if pending is None:
             return
         directory = checkpoint.complete(pending, self.env)
-        checkpoint.report(directory, pending.metrics, self.env)
+        self.context.report_checkpoint(directory, pending.metrics, self.env)
         seconds = time.perf_counter() - paused_since if paused_since is not None else self.checkpoint_seconds
         self.emit(
             MetricsRecord(

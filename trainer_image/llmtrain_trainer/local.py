@@ -1,5 +1,8 @@
 """`llmtrain run FILE`: the job's training on a local Ray instance, with a live progress bar.
 
+With `--no-ray` (`ray=False`) the same run goes through launch.py instead: one process, or with
+torchrun one per worker when the job has more; nothing of Ray is needed or imported.
+
 The run lives in `<runs_root>/<name>/<job file stem>/` and uses the same TrainerConfig, driver and
 worker loop as the cluster, so running the same file again resumes from the latest checkpoint (and
 a finished run just prints its summary; `fresh=True` starts over). At the end it writes `summary.json` and
@@ -68,6 +71,12 @@ def load_job_config(job_file: Path, runs_root: Path, use_gpu: bool) -> TrainerCo
     from llmtrain_trainer.weights import with_model_folder  # imports torch: only once the file is valid
 
     return with_model_folder(config)
+
+
+NO_RAY_HELP = (
+    "train without Ray (python -m llmtrain_trainer.launch): one process on this machine, or with "
+    "torchrun one per worker when the job has more; no worker restarts, run again to resume"
+)
 
 
 class InvalidJobFile(ValueError):
@@ -157,9 +166,13 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
 
 
 def run_local(
-    job_file: Path, runs_root: Path = Path(LOCAL_RUNS_DIR), use_gpu: bool = False, fresh: bool = False
+    job_file: Path,
+    runs_root: Path = Path(LOCAL_RUNS_DIR),
+    use_gpu: bool = False,
+    fresh: bool = False,
+    ray: bool = True,
 ) -> int:
-    """Train the job on a local Ray instance; returns the process exit code."""
+    """Train the job on a local Ray instance (or without Ray: launch.py); returns the exit code."""
     console = Console()
     try:
         config = load_job_config(job_file, runs_root, use_gpu)
@@ -187,10 +200,12 @@ def run_local(
         console.print(
             f"Resuming {escape(config.run_name)} from {escape(latest.name)} (pass --fresh to start over)."
         )
+    if not ray:
+        return _run_without_ray(console, config, use_gpu)
     # Heavy imports (torch, transformers, Ray) only once there is training to do.
     import logging
 
-    import ray
+    import ray as ray_module
 
     from llmtrain_trainer.lifecycle import LoopOptions
     from llmtrain_trainer.main import TrainingError, run_training
@@ -217,7 +232,7 @@ def run_local(
         f"Training [bold]{escape(config.run_name)}[/bold] with {workers} {'GPU' if use_gpu else 'CPU'} "
         f"workers ({escape(described)}); run directory {escape(str(run_dir))}"
     )
-    ray.init(
+    ray_module.init(
         num_cpus=max(1, int(workers * config.scaling.cpus_per_worker)),
         include_dashboard=False,
         log_to_driver=False,
@@ -241,8 +256,14 @@ def run_local(
         # Ray Train's own Ctrl-C handler aborts the run and may exit through SystemExit.
         pass
     finally:
-        ray.shutdown()
+        ray_module.shutdown()
         detach(saved)
+    return _finish(console, config, started)
+
+
+def _finish(console: Console, config: TrainerConfig, started: float) -> int:
+    """After training: the summary of a finished run, or how to resume a stopped one."""
+    run_dir = Path(config.run_dir)
     if not is_finished(config, RunResult.read(run_dir)):
         latest = latest_checkpoint(run_dir)
         where = f"from {latest.name}" if latest else "from the start (no checkpoint was written yet)"
@@ -269,14 +290,65 @@ def _push(console: Console, config: TrainerConfig) -> int:
     return 0
 
 
+def launch_command(config_file: Path, workers: int) -> list[str]:
+    """launch.py for one process, under torchrun (part of torch) for several on this machine."""
+    launch = ["-m", "llmtrain_trainer.launch", "--config", str(config_file)]
+    if workers == 1:
+        return [sys.executable, *launch]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={workers}",
+        *launch,
+    ]
+
+
+def _run_without_ray(console: Console, config: TrainerConfig, use_gpu: bool) -> int:
+    """Train through launch.py in child processes, their output in logs/launch.log (each rank's
+    own log is in logs/worker-N.log, as under Ray); the console shows the progress bar."""
+    import subprocess
+
+    from llmtrain_trainer.run_logs import logs_dir
+
+    run_dir = Path(config.run_dir)
+    workers = config.scaling.num_workers
+    logs = logs_dir(run_dir)
+    logs.mkdir(parents=True, exist_ok=True)
+    config_file = run_dir / "trainer-config.json"
+    config_file.write_text(json.dumps(config.model_dump(mode="json", by_alias=True), indent=2) + "\n")
+    console.print(
+        f"Training [bold]{escape(config.run_name)}[/bold] without Ray: {workers} "
+        f"{'GPU' if use_gpu else 'CPU'} process{'es (torchrun)' if workers > 1 else ''}; "
+        f"run directory {escape(str(run_dir))}"
+    )
+    started = time.monotonic()
+    with (logs / "launch.log").open("a") as output, ConsoleProgress(run_dir / METRICS_FILE):
+        try:
+            code = subprocess.call(
+                launch_command(config_file, workers), stdout=output, stderr=subprocess.STDOUT
+            )
+        except KeyboardInterrupt:
+            code = 130
+    if code not in (0, 130):
+        lines = (logs / "launch.log").read_text(errors="replace").splitlines()
+        reason = next((line for line in reversed(lines) if "error:" in line), f"exit code {code}")
+        console.print(f"[red]training failed:[/red] {escape(reason)}", highlight=False)
+        console.print(f"Logs: {escape(str(logs))} (launch.log, worker-<rank>.log). Run again to resume.")
+        return 2 if code == 2 else 1
+    return _finish(console, config, started)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m llmtrain_trainer.local", description=run_local.__doc__)
     parser.add_argument("job_file", type=Path)
     parser.add_argument("--runs-dir", type=Path, default=Path(LOCAL_RUNS_DIR))
     parser.add_argument("--gpu", action="store_true")
     parser.add_argument("--fresh", action="store_true")
+    parser.add_argument("--no-ray", action="store_true", help=NO_RAY_HELP)
     args = parser.parse_args(argv)
-    return run_local(args.job_file, args.runs_dir, use_gpu=args.gpu, fresh=args.fresh)
+    return run_local(args.job_file, args.runs_dir, use_gpu=args.gpu, fresh=args.fresh, ray=not args.no_ray)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The per-worker entry point that Ray Train runs on every rank, whatever the trainer mode.
 
-It sets up the worker (logging, `WorkerEnv`, the fabric check), picks the mode registered for
+launch.py runs the same `run_worker` without Ray (one process, or one per torchrun rank). It sets
+up the worker (logging, `WorkerEnv`, the fabric check), picks the mode registered for
 spec.trainer.type (modes/) and runs it inside the run's lifecycle (lifecycle.py), which owns the
 resume point, the records, checkpoint registration and the result.
 """
@@ -11,7 +12,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import ray.train
 import torch
 import torch.distributed as dist
 from llmtrain.api.trainer_config import TrainerConfig
@@ -20,6 +20,7 @@ from llmtrain_trainer.distributed import WorkerEnv
 from llmtrain_trainer.fabric_check import check_fabric, should_check
 from llmtrain_trainer.lifecycle import Lifecycle, LoopOptions
 from llmtrain_trainer.modes import mode_for
+from llmtrain_trainer.run_context import RayRunContext, RunContext
 from llmtrain_trainer.run_logs import attach_worker, detach
 
 
@@ -34,21 +35,26 @@ def loop_config(config: TrainerConfig, options: LoopOptions | None = None, **ext
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     """Ray Train entry point: `loop_config` holds the TrainerConfig (JSON) and the LoopOptions."""
+    config = TrainerConfig.model_validate(loop_config["trainer_config"])
+    options = LoopOptions.from_dict(loop_config.get("options", {}))
+    run_worker(config, options, WorkerEnv.from_ray_context(), RayRunContext.run_dir(), RayRunContext())
+
+
+def run_worker(
+    config: TrainerConfig, options: LoopOptions, env: WorkerEnv, run_dir: Path, context: RunContext
+) -> None:
+    """Train this rank's part of the run, whoever launched it (every rank calls it)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("llmtrain_trainer").setLevel(logging.INFO)
     import datasets
 
     datasets.disable_progress_bars()
-    config = TrainerConfig.model_validate(loop_config["trainer_config"])
-    options = LoopOptions.from_dict(loop_config.get("options", {}))
-    env = WorkerEnv.from_ray_context()
-    run_dir = Path(ray.train.get_context().get_storage().experiment_fs_path)
     saved = attach_worker(run_dir, env.rank)  # this rank's log, kept on the shared storage
     try:
         if should_check(config.network.nccl_profile, env.on_gpu):
             check_fabric(config.network, lambda: _first_collective(env))
         mode = mode_for(config.trainer.type)
-        with Lifecycle(config, env, run_dir, options, mode) as lifecycle:
+        with Lifecycle(config, env, run_dir, options, mode, context) as lifecycle:
             mode.run(config, env, run_dir, lifecycle)
     except BaseException:
         logging.getLogger("llmtrain_trainer").exception("training failed on rank %d", env.rank)

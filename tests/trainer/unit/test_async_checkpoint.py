@@ -18,6 +18,7 @@ from llmtrain_trainer.distributed import WorkerEnv
 from llmtrain_trainer.lifecycle import Lifecycle, LoopOptions
 from llmtrain_trainer.modes import builtin
 from llmtrain_trainer.modes.builtin import TrainingRun
+from llmtrain_trainer.run_context import RayRunContext
 from llmtrain_trainer.rundir import STATE_FILE, checkpoint_name
 from llmtrain_trainer.strategies.base import Strategy
 
@@ -45,7 +46,11 @@ def reported(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(ray.train, "get_checkpoint", lambda: None)  # a fresh run, outside Ray Train
     steps: list[int] = []
-    monkeypatch.setattr(checkpoint, "report", lambda directory, metrics, env: steps.append(metrics["step"]))
+    monkeypatch.setattr(
+        RayRunContext,
+        "report_checkpoint",
+        lambda self, directory, metrics, env: steps.append(metrics["step"]),
+    )
     return steps
 
 

@@ -68,15 +68,16 @@ class RecordingStrategy:
             raise RuntimeError("PytorchStreamReader failed reading zip archive\nmore detail")
 
 
-def _latest_is(monkeypatch: pytest.MonkeyPatch, directory: Path) -> None:
-    class Reported:
-        path = str(directory)
+_LATEST: dict[str, Path] = {}
+"""The run context's latest checkpoint (what Ray Train, or the run directory, names)."""
 
-    monkeypatch.setattr(checkpoint.ray.train, "get_checkpoint", lambda: Reported())
+
+def _latest_is(monkeypatch: pytest.MonkeyPatch, directory: Path) -> None:
+    monkeypatch.setitem(_LATEST, "path", directory)
 
 
 def _restore(strategy: Any, run_dir: Path) -> checkpoint.Restored | None:
-    return checkpoint.restore(strategy, ENV, run_dir)
+    return checkpoint.restore(strategy, ENV, run_dir, _LATEST.get("path"))
 
 
 @pytest.mark.usefixtures("one_process_group")

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 import torch
-from llmtrain_trainer import checkpoint
 from llmtrain_trainer.distributed import WorkerEnv
 from llmtrain_trainer.lifecycle import Lifecycle, LoopOptions
 from llmtrain_trainer.modes import builtin
 from llmtrain_trainer.optim import lr_factor
+from llmtrain_trainer.run_context import RayRunContext
 from llmtrain_trainer.rundir import STATE_FILE, checkpoint_name
 
 from tests.support.trainer import TINY_STORIES, losses, records, result, tiny_config
@@ -41,7 +41,7 @@ def _attempt(config: Any, monkeypatch: pytest.MonkeyPatch, latest: Path | None) 
 def test_the_loop_resumed_on_another_worker_count_continues_the_epochs_schedule(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(checkpoint, "report", lambda directory, metrics, env: None)
+    monkeypatch.setattr(RayRunContext, "report_checkpoint", lambda self, directory, metrics, env: None)
     data = tmp_path / "stories.txt"
     data.write_bytes(TINY_STORIES.read_bytes()[:6000])  # about 90 sequences of 64 bytes: ~22 steps
     config = tiny_config(

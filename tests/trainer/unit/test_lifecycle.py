@@ -17,6 +17,7 @@ from llmtrain_trainer.lifecycle import Lifecycle, LoopOptions
 from llmtrain_trainer.modes import MODULES, ModeError, mode_for, refuse_unsupported
 from llmtrain_trainer.preflight import _check_trainer
 from llmtrain_trainer.progress import read_records
+from llmtrain_trainer.run_context import RayRunContext
 from llmtrain_trainer.rundir import METRICS_FILE, RESULT_FILE, STATE_FILE, RunResult, checkpoint_name
 
 from tests.support.trainer import tiny_config
@@ -31,7 +32,7 @@ def fresh_run(monkeypatch: pytest.MonkeyPatch) -> None:
     import ray.train
 
     monkeypatch.setattr(ray.train, "get_checkpoint", lambda: None)
-    monkeypatch.setattr(checkpoint, "report", lambda directory, metrics, env: None)
+    monkeypatch.setattr(RayRunContext, "report_checkpoint", lambda self, directory, metrics, env: None)
 
 
 def lifecycle(config: TrainerConfig) -> Lifecycle:

@@ -9,7 +9,6 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import llmtrain_trainer.loop as loop
@@ -89,8 +88,7 @@ def test_a_worker_saves_the_traceback_of_what_failed(tmp_path: Path, monkeypatch
     traceback, and still raised (Ray Train must see the failure)."""
     config = tiny_config(tmp_path, "fails")
     run_dir = tmp_path / "run"
-    storage = SimpleNamespace(get_storage=lambda: SimpleNamespace(experiment_fs_path=str(run_dir)))
-    monkeypatch.setattr(loop.ray.train, "get_context", lambda: storage)
+    monkeypatch.setattr(loop.RayRunContext, "run_dir", staticmethod(lambda: run_dir))
     monkeypatch.setattr(loop.WorkerEnv, "from_ray_context", lambda: WorkerEnv(1, 2, 0, torch.device("cpu")))
 
     def broken_mode(_: Any) -> Any:

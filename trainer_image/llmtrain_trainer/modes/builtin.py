@@ -163,7 +163,7 @@ class TrainingRun:
         """The state at the resume point, loaded into the strategy; the checkpoints skipped."""
         point, env = self.life.resume, self.env
         if point.own:
-            restored = checkpoint.restore(strategy, env, self.run_dir)
+            restored = checkpoint.restore(strategy, env, self.run_dir, point.checkpoint)
             if restored is not None:
                 return restored.state, restored.skipped
         elif point.checkpoint is not None:

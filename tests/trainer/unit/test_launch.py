@@ -1,0 +1,87 @@
+"""The launch without Ray (launch.py): in processes where `import ray` fails, a run trains, keeps
+checkpoint.keep checkpoints as Ray's num_to_keep would, and a second launch resumes it;
+`llmtrain run --no-ray` starts one process per worker with torchrun."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from llmtrain.api.trainer_config import TrainerConfig
+from llmtrain_trainer.rundir import RESULT_FILE, RunResult, checkpoint_name, complete_checkpoints
+
+from tests.support.trainer import REPO, losses, result, run_dir, tiny_config, write_config
+
+NO_RAY = 'import sys\nsys.modules["ray"] = None  # this machine has no Ray: any import of it fails\n'
+
+
+def _run_without_ray(args: list[str], tmp_path: Path) -> None:
+    """Run `args` with Ray unimportable in it and every process it starts."""
+    site = tmp_path / "no-ray"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(NO_RAY)  # imported at the start of every interpreter
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+
+
+def _launch(config: TrainerConfig, tmp_path: Path) -> None:
+    file = write_config(config, tmp_path / f"{config.run_name}-{config.training.max_steps}.json")
+    _run_without_ray([sys.executable, "-m", "llmtrain_trainer.launch", "--config", str(file)], tmp_path)
+
+
+def _steps(config: TrainerConfig) -> list[int]:
+    return sorted(int(p.name.removeprefix("checkpoint-step-")) for p in complete_checkpoints(run_dir(config)))
+
+
+def test_one_process_trains_keeps_checkpoints_and_resumes_without_ray(tmp_path: Path) -> None:
+    def config(steps: int) -> TrainerConfig:
+        return tiny_config(
+            tmp_path,
+            "alone",
+            scaling={"numWorkers": 1},
+            training={"maxSteps": steps, "lrScheduler": "constant", "warmupRatio": 0.0},
+            checkpoint={"everySteps": 2, "keep": 2},
+        )
+
+    first = config(6)
+    _launch(first, tmp_path)
+    assert result(first)["steps"] == 6 and result(first)["world_size"] == 1
+    assert result(first)["resumed_from_step"] is None
+    assert _steps(first) == [4, 6]  # step 2's pruned after step 6's was reported
+    trained = losses(first)
+
+    second = config(10)
+    _launch(second, tmp_path)
+    done = result(second)
+    assert done["steps"] == 10 and done["resumed_from_step"] == 6
+    assert done["checkpoint"] == str(run_dir(second) / checkpoint_name(10))
+    assert _steps(second) == [8, 10]
+    assert set(losses(second)) == set(range(1, 11))
+    assert all(losses(second)[step] == trained[step] for step in range(1, 7))  # steps 1-6 not redone
+
+
+def test_llmtrain_run_no_ray_trains_a_two_worker_job_with_torchrun(tmp_path: Path) -> None:
+    """`llmtrain run --no-ray` on the demo job (2 workers): torchrun starts a rank per worker."""
+    job = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
+    job["spec"]["dataset"]["path"] = str(REPO / "examples" / "data" / "tiny-stories.txt")
+    job["spec"]["training"].update(maxSteps=4, logEverySteps=1)
+    job["spec"]["checkpoint"].update(everySteps=2, keep=1)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    runs = tmp_path / "runs"
+    cli = (
+        sys.executable,
+        "-c",
+        "import sys; from llmtrain.cli import main; sys.exit(main())",
+        "run",
+        "--no-ray",
+    )
+    _run_without_ray([*cli, "--runs-dir", str(runs), str(tmp_path / "job.yaml")], tmp_path)
+    [run] = [p.parent for p in runs.rglob(RESULT_FILE)]
+    done = RunResult.read(run)
+    assert done is not None and done.steps == 4 and done.world_size == 2
+    assert [p.name for p in complete_checkpoints(run)] == [checkpoint_name(4)]
+    assert (run / "logs" / "worker-1.log").exists() and (run / "summary.json").exists()
