@@ -200,6 +200,13 @@ def run_local(
         console.print(
             f"Resuming {escape(config.run_name)} from {escape(latest.name)} (pass --fresh to start over)."
         )
+    from llmtrain_trainer.objstore import ObjectStoreError, stage_inputs
+
+    try:  # object-storage inputs copied once to the runs' cache, with or without Ray
+        config = stage_inputs(config, resuming=latest is not None)
+    except ObjectStoreError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        return 1
     if not ray:
         return _run_without_ray(console, config, use_gpu)
     # Heavy imports (torch, transformers, Ray) only once there is training to do.
@@ -210,15 +217,9 @@ def run_local(
     from llmtrain_trainer.lifecycle import LoopOptions
     from llmtrain_trainer.main import TrainingError, run_training
     from llmtrain_trainer.modes import mode_for
-    from llmtrain_trainer.objstore import ObjectStoreError, stage_inputs
     from llmtrain_trainer.preflight import PreflightError, check
     from llmtrain_trainer.run_logs import attach_driver, detach, logs_dir, note
 
-    try:
-        config = stage_inputs(config, resuming=latest is not None)
-    except ObjectStoreError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-        return 1
     try:
         check(config)
     except PreflightError as exc:
