@@ -103,6 +103,7 @@ bench-operator: $(STAMP) tools ## operator throughput: 1,000 jobs on a real cont
 
 bench-trainer: $(STAMP) ## trainer loop overhead vs a minimal FSDP2 loop (CPU)
 	$(PY) benchmarks/trainer_overhead.py
+	$(PY) benchmarks/loss_memory.py
 
 bench-gpu: $(STAMP) ## tokens/s and MFU of FSDP2 and ZeRO-3 on the local GPUs
 	$(PY) benchmarks/gpu_mfu.py
