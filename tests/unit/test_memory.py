@@ -256,6 +256,22 @@ def test_compute_dtype_follows_precision_and_device(precision: str, gpus: int, c
     assert block is not None and fsdp.working_set == 2 * compute_bytes * block.block_parameters()
 
 
+def test_the_builtin_loop_counts_one_chunk_of_logits_and_other_trainers_all_of_them() -> None:
+    """The builtin loop takes the loss a chunk of positions at a time (trainer loss.py); a
+    transformers.Trainer holds a micro-batch's whole logits, their fp32 copy and its gradient."""
+    document = example("llama3-8b-fsdp.yaml")
+    document["spec"]["model"] = {"config": LLAMA3_8B, "tokenizer": "byte-level"}
+    document["spec"]["training"].update(microBatchSize=4, precision="bf16")
+    document["spec"]["dataset"]["maxSeqLength"] = 2048
+    builtin = memory.estimate(plan_of(document))
+    document["spec"]["trainer"] = {"type": "huggingface"}
+    whole = memory.estimate(plan_of(document))
+    assert builtin is not None and whole is not None and builtin.activations and whole.activations
+    per_position = 128_256 * (2 + 8)  # bf16 logits, fp32 copy, fp32 gradient
+    assert memory.LOSS_CHUNK_TOKENS < 4 * 2048
+    assert whole.activations - builtin.activations == (4 * 2048 - memory.LOSS_CHUNK_TOKENS) * per_position
+
+
 def _fixes_for(document: dict[str, Any]) -> str:
     (finding,) = memory.check(plan_of(document))
     return finding.message.split(". To fit: ", 1)[1]
@@ -270,7 +286,7 @@ def test_each_fix_is_named_as_the_spec_spells_it() -> None:
     assert _fixes_for(document) == f"set training.gradientCheckpointing: true; or {micro_batch}"
     # A micro-batch of 2 that only fits as 1 (long sequences, checkpointing already on).
     document["spec"]["training"].update(gradientCheckpointing=True, microBatchSize=2)
-    document["spec"]["dataset"]["maxSeqLength"] = 32768
+    document["spec"]["dataset"]["maxSeqLength"] = 131072
     assert _fixes_for(document) == micro_batch
 
 
@@ -294,11 +310,11 @@ def test_a_plan_nothing_fixes_says_so() -> None:
     document = example("llama3-8b-fsdp.yaml")
     document["spec"]["model"] = {"config": LLAMA3_8B, "tokenizer": "byte-level"}
     document["spec"]["training"].update(gradientCheckpointing=True, microBatchSize=2)
-    document["spec"]["dataset"]["maxSeqLength"] = 65536
+    document["spec"]["dataset"]["maxSeqLength"] = 196608
     (finding,) = memory.check(plan_of(document))
     assert finding.message == (
-        "probably does not fit: estimated peak 228.8 GiB per GPU of 80.0 GiB (parameters 3.7 GiB, "
-        "gradients 3.7 GiB, optimizer 7.5 GiB, gathered 832.0 MiB, activations+logits 211.1 GiB, "
+        "probably does not fit: estimated peak 182.5 GiB per GPU of 80.0 GiB (parameters 3.7 GiB, "
+        "gradients 3.7 GiB, optimizer 7.5 GiB, gathered 832.0 MiB, activations+logits 164.7 GiB, "
         "runtime 2.0 GiB; 8.03B parameters from the model config, 8.03B trained, 8 device(s)). "
         "No change of strategy, method or worker count fits: use accelerators with more memory."
     )
