@@ -362,7 +362,11 @@ def _activations(plan: Plan, shape: Shape, compute: int) -> int:
     # Per token and block: norms, q, k, v, attention output, residuals (~8d), gate, up, act, product (4ff).
     per_block = tokens * compute * (8 * d + 2 * kv + 4 * ff)
     if plan.training.gradient_checkpointing:
-        saved = shape.num_layers * tokens * compute * d + per_block
+        # Checkpointed blocks (0, N, 2N, ...) keep their input only, the others everything; one
+        # block's activations exist again while it is recomputed.
+        checkpointed = -(-shape.num_layers // plan.training.checkpoint_every_blocks)
+        kept = shape.num_layers - checkpointed
+        saved = checkpointed * tokens * compute * d + kept * per_block + per_block
     else:
         saved = shape.num_layers * per_block
     # Logits in the compute dtype, their fp32 copy for the loss and its gradient: for the builtin

@@ -402,6 +402,11 @@ CASES[_rule("network.env names must be unique")] = [
     ({}, {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "1"}]}, None),
 ]
 
+CASES[_rule("training.checkpointEveryBlocks only applies")] = [
+    ({"gradientCheckpointing": True, "checkpointEveryBlocks": 2}, {"checkpointEveryBlocks": 2}, None),
+    ({"checkpointEveryBlocks": 1}, {"gradientCheckpointing": False, "checkpointEveryBlocks": 3}, None),
+]
+
 
 def _rules(schema: dict[str, Any]) -> Iterator[str]:
     for entry in schema.get("x-kubernetes-validations", []):

@@ -272,6 +272,28 @@ def test_the_builtin_loop_counts_one_chunk_of_logits_and_other_trainers_all_of_t
     assert whole.activations - builtin.activations == (4 * 2048 - memory.LOSS_CHUNK_TOKENS) * per_position
 
 
+def test_selective_checkpointing_is_estimated_between_none_and_full() -> None:
+    """checkpointEveryBlocks: 2 keeps every other block's activations: the saved activations grow
+    by exactly those of half the blocks."""
+    document = example("llama3-8b-fsdp.yaml")
+    document["spec"]["model"] = {"config": LLAMA3_8B, "tokenizer": "byte-level"}
+    training = document["spec"]["training"]
+    training.update(gradientCheckpointing=False, microBatchSize=2)
+    none = memory.estimate(plan_of(document))
+    training.update(gradientCheckpointing=True)
+    full = memory.estimate(plan_of(document))
+    training.update(checkpointEveryBlocks=2)
+    every_other = memory.estimate(plan_of(document))
+    assert none and full and every_other and none.activations and full.activations and every_other.activations
+    assert full.activations < every_other.activations < none.activations
+    shape = memory.Shape.from_config(LLAMA3_8B)
+    assert shape is not None and shape.num_layers == 32
+    tokens, d = 2 * document["spec"]["dataset"]["maxSeqLength"], shape.hidden_size
+    # none: 32 blocks' activations; full: 32 block inputs (bf16) and one block being recomputed.
+    per_block = (none.activations - full.activations + 32 * tokens * 2 * d) // 31
+    assert every_other.activations - full.activations == 16 * (per_block - tokens * 2 * d)
+
+
 def _fixes_for(document: dict[str, Any]) -> str:
     (finding,) = memory.check(plan_of(document))
     return finding.message.split(". To fit: ", 1)[1]
