@@ -101,8 +101,9 @@ e2e: $(STAMP) ## kind end-to-end test (needs docker, kind, helm, kubectl; uses .
 bench-operator: $(STAMP) tools ## operator throughput: 1,000 jobs on a real control plane (BENCH_ARGS="--rate 10")
 	$(PY) benchmarks/operator_throughput.py $(BENCH_ARGS)
 
-bench-trainer: $(STAMP) ## trainer loop overhead vs a minimal FSDP2 loop (CPU)
+bench-trainer: $(STAMP) ## trainer loop overhead vs a minimal FSDP2 loop, chunked-loss peak memory (CPU)
 	$(PY) benchmarks/trainer_overhead.py
+	PYTHONPATH=trainer_image:operator $(PY) benchmarks/loss_memory.py
 
 bench-gpu: $(STAMP) ## tokens/s, MFU, peak memory vs the estimate on one local GPU, without Ray (FSDP2, DDP, LoRA, checkpointing)
 	$(PY) benchmarks/gpu_mfu.py

@@ -128,6 +128,11 @@ class Shape:
         return self.num_layers * per_block
 
 
+LOSS_CHUNK_TOKENS = 1024
+"""Positions whose logits the builtin loop computes at once (trainer loss.py): the loss is taken a
+chunk at a time from the final hidden states, so a 128k vocabulary's logits never exist whole."""
+
+
 @dataclass(frozen=True)
 class Plan:
     """What memory depends on, from a job's spec or from the trainer's config."""
@@ -141,6 +146,8 @@ class Plan:
     devices_per_worker: int
     on_gpu: bool
     capacity: int | None
+    chunked_loss: bool = True
+    """The builtin loop's chunked cross-entropy; Hugging Face and custom trainers hold whole logits."""
 
     @classmethod
     def of_job(cls, spec: LLMTrainingJobSpec) -> Plan:
@@ -181,6 +188,7 @@ class Plan:
             devices_per_worker=per_worker,
             on_gpu=on_gpu,
             capacity=capacity,
+            chunked_loss=source.trainer.type == "builtin",
         )
 
     @property
@@ -401,12 +409,18 @@ def _activations(plan: Plan, shape: Shape, compute: int) -> int:
     if compiles(plan):
         per_block = int(per_block * COMPILED_ACTIVATIONS)
     if plan.training.gradient_checkpointing:
-        saved = shape.num_layers * tokens * residual * d + per_block
+        # Checkpointed blocks (0, N, 2N, ...) keep their input only, the others everything; one
+        # block's activations exist again while it is recomputed.
+        checkpointed = -(-shape.num_layers // plan.training.checkpoint_every_blocks)
+        kept = shape.num_layers - checkpointed
+        saved = checkpointed * tokens * residual * d + kept * per_block + per_block
     else:
         saved = shape.num_layers * per_block
     weight_copies = compute * shape.parameters() if autocast else 0
-    # Logits in the compute dtype, their fp32 copy for the loss and its gradient.
-    logits = tokens * shape.vocab_size * (compute + 8)
+    # Logits in the compute dtype, their fp32 copy for the loss and its gradient: for the builtin
+    # loop those of one chunk of positions only.
+    at_once = min(tokens, LOSS_CHUNK_TOKENS) if plan.chunked_loss else tokens
+    logits = at_once * shape.vocab_size * (compute + 8)
     return saved + weight_copies + logits
 
 

@@ -145,6 +145,12 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
     ("zero-learning-rate", spec("training", {"learningRate": 0}), "training.learningRate", True),
     ("unknown-precision", spec("training", {"precision": "fp8"}), "training.precision", True),
     ("unknown-scheduler", spec("training", {"lrScheduler": "exotic"}), "training.lrScheduler", True),
+    (
+        "selective-checkpointing-without-checkpointing",
+        spec("training", {"checkpointEveryBlocks": 2}),
+        "training.checkpointEveryBlocks",
+        True,
+    ),
     ("zero-checkpoint-interval", spec("checkpoint", {"everySteps": 0}), "checkpoint.everySteps", True),
     ("negative-retries", spec("runPolicy", {"maxRetries": -1}), "runPolicy.maxRetries", True),
     (

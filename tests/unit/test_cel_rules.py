@@ -402,6 +402,11 @@ CASES[_rule("network.env names must be unique")] = [
     ({}, {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "1"}]}, None),
 ]
 
+CASES[_rule("training.checkpointEveryBlocks only applies")] = [
+    ({"gradientCheckpointing": True, "checkpointEveryBlocks": 2}, {"checkpointEveryBlocks": 2}, None),
+    ({"checkpointEveryBlocks": 1}, {"gradientCheckpointing": False, "checkpointEveryBlocks": 3}, None),
+]
+
 
 # Object-store URIs (spec-level rules): a '://' value must be a well-formed object URI, and an
 # s3:// one needs spec.objectStorage (its Secret references).

@@ -177,7 +177,7 @@ def test_a_fix_it_names_does_fit() -> None:
 def test_activations_that_do_not_fit_are_a_warning_naming_checkpointing() -> None:
     document = example("llama3-8b-fsdp.yaml")
     document["spec"]["model"] = {"config": LLAMA3_8B, "tokenizer": "byte-level"}
-    document["spec"]["training"].update(gradientCheckpointing=False, microBatchSize=4)
+    document["spec"]["training"].update(gradientCheckpointing=False, microBatchSize=8)
     findings = memory.check(plan_of(document))
     assert len(findings) == 1 and findings[0].error is False
     assert findings[0].message.startswith("probably does not fit: estimated peak")
@@ -197,7 +197,7 @@ def test_validate_warns_but_passes_on_a_spec_that_probably_does_not_fit(
 ) -> None:
     document = example("llama3-8b-fsdp.yaml")
     document["spec"]["model"] = {"config": LLAMA3_8B, "tokenizer": "byte-level"}
-    document["spec"]["training"].update(gradientCheckpointing=False, microBatchSize=4)
+    document["spec"]["training"].update(gradientCheckpointing=False, microBatchSize=8)
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(document))
     assert cli.main(["validate", str(path)]) == 0
@@ -273,6 +273,44 @@ def test_compute_dtype_follows_precision_and_device(precision: str, gpus: int, c
     assert block is not None and fsdp.working_set == 2 * compute_bytes * block.block_parameters()
 
 
+def test_the_builtin_loop_counts_one_chunk_of_logits_and_other_trainers_all_of_them() -> None:
+    """The builtin loop takes the loss a chunk of positions at a time (trainer loss.py); a
+    transformers.Trainer holds a micro-batch's whole logits, their fp32 copy and its gradient."""
+    document = example("llama3-8b-fsdp.yaml")
+    document["spec"]["model"] = {"config": LLAMA3_8B, "tokenizer": "byte-level"}
+    document["spec"]["training"].update(microBatchSize=4, precision="bf16")
+    document["spec"]["dataset"]["maxSeqLength"] = 2048
+    builtin = memory.estimate(plan_of(document))
+    document["spec"]["trainer"] = {"type": "huggingface"}
+    whole = memory.estimate(plan_of(document))
+    assert builtin is not None and whole is not None and builtin.activations and whole.activations
+    per_position = 128_256 * (2 + 8)  # bf16 logits, fp32 copy, fp32 gradient
+    assert memory.LOSS_CHUNK_TOKENS < 4 * 2048
+    assert whole.activations - builtin.activations == (4 * 2048 - memory.LOSS_CHUNK_TOKENS) * per_position
+
+
+def test_selective_checkpointing_is_estimated_between_none_and_full() -> None:
+    """checkpointEveryBlocks: 2 keeps every other block's activations: the saved activations grow
+    by exactly those of half the blocks."""
+    document = example("llama3-8b-fsdp.yaml")
+    document["spec"]["model"] = {"config": LLAMA3_8B, "tokenizer": "byte-level"}
+    training = document["spec"]["training"]
+    training.update(gradientCheckpointing=False, microBatchSize=2)
+    none = memory.estimate(plan_of(document))
+    training.update(gradientCheckpointing=True)
+    full = memory.estimate(plan_of(document))
+    training.update(checkpointEveryBlocks=2)
+    every_other = memory.estimate(plan_of(document))
+    assert none and full and every_other and none.activations and full.activations and every_other.activations
+    assert full.activations < every_other.activations < none.activations
+    shape = memory.Shape.from_config(LLAMA3_8B)
+    assert shape is not None and shape.num_layers == 32
+    tokens, d = 2 * document["spec"]["dataset"]["maxSeqLength"], shape.hidden_size
+    # none: 32 blocks' activations; full: 32 block inputs (bf16) and one block being recomputed.
+    per_block = (none.activations - full.activations + 32 * tokens * 2 * d) // 31
+    assert every_other.activations - full.activations == 16 * (per_block - tokens * 2 * d)
+
+
 def _fixes_for(document: dict[str, Any]) -> str:
     (finding,) = memory.check(plan_of(document))
     return finding.message.split(". To fit: ", 1)[1]
@@ -282,12 +320,12 @@ def test_each_fix_is_named_as_the_spec_spells_it() -> None:
     """The advice is what a user types into the spec, so it is pinned word for word."""
     document = example("llama3-8b-fsdp.yaml")
     document["spec"]["model"] = {"config": LLAMA3_8B, "tokenizer": "byte-level"}
-    document["spec"]["training"].update(gradientCheckpointing=False, microBatchSize=4)
+    document["spec"]["training"].update(gradientCheckpointing=False, microBatchSize=8)
     micro_batch = "lower training.microBatchSize to 1 (raise gradientAccumulationSteps to keep the batch)."
     assert _fixes_for(document) == f"set training.gradientCheckpointing: true; or {micro_batch}"
     # A micro-batch of 2 that only fits as 1 (long sequences, checkpointing already on).
     document["spec"]["training"].update(gradientCheckpointing=True, microBatchSize=2)
-    document["spec"]["dataset"]["maxSeqLength"] = 32768
+    document["spec"]["dataset"]["maxSeqLength"] = 131072
     assert _fixes_for(document) == micro_batch
 
 
@@ -311,11 +349,11 @@ def test_a_plan_nothing_fixes_says_so() -> None:
     document = example("llama3-8b-fsdp.yaml")
     document["spec"]["model"] = {"config": LLAMA3_8B, "tokenizer": "byte-level"}
     document["spec"]["training"].update(gradientCheckpointing=True, microBatchSize=2)
-    document["spec"]["dataset"]["maxSeqLength"] = 65536
+    document["spec"]["dataset"]["maxSeqLength"] = 262144
     (finding,) = memory.check(plan_of(document))
     assert finding.message == (
-        "probably does not fit: estimated peak 217.2 GiB per GPU of 80.0 GiB (parameters 3.7 GiB, "
-        "gradients 3.7 GiB, optimizer 7.5 GiB, gathered 832.0 MiB, activations+logits 203.2 GiB, which "
+        "probably does not fit: estimated peak 201.8 GiB per GPU of 80.0 GiB (parameters 3.7 GiB, "
+        "gradients 3.7 GiB, optimizer 7.5 GiB, gathered 832.0 MiB, activations+logits 187.7 GiB, which "
         "the gradients replace in backward (the larger counts), runtime 2.0 GiB; 8.03B parameters from "
         "the model config, 8.03B trained, 8 device(s)). "
         "No change of strategy, method or worker count fits: use accelerators with more memory."

@@ -152,11 +152,17 @@ def reset_lora_parameters(model: nn.Module) -> None:
                 module.reset_lora_parameters(adapter, init_lora_weights=True)  # type: ignore[no-untyped-call]
 
 
-def enable_gradient_checkpointing(model: nn.Module) -> None:
+def enable_gradient_checkpointing(model: nn.Module, every_blocks: int = 1) -> None:
+    """Recompute transformer blocks in backward (training.gradientCheckpointing): all of them, or
+    with `every_blocks` N > 1 blocks 0, N, 2N, ... only (training.checkpointEveryBlocks), the
+    others keeping their activations: less recomputation for more memory."""
     base = unwrap_peft(model)
     assert isinstance(base, PreTrainedModel)
     base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[no-untyped-call]
     base.config.use_cache = False
+    for index, block in enumerate(transformer_blocks(model)):
+        # transformers' checkpointed layers read this flag on every call.
+        block.gradient_checkpointing = index % every_blocks == 0  # type: ignore[assignment]
 
 
 def compile_wanted(setting: bool | None, on_gpu: bool) -> bool:

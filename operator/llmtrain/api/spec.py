@@ -310,6 +310,20 @@ class StrategySpec(ApiModel):
 class TrainingSpec(ApiModel):
     """Optimisation hyperparameters."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    # has(): the API server also checks this rule on the field's default, {}.
+                    "!has(self.checkpointEveryBlocks) || self.checkpointEveryBlocks == 1 || "
+                    "(has(self.gradientCheckpointing) && self.gradientCheckpointing)",
+                    "training.checkpointEveryBlocks only applies with training.gradientCheckpointing: "
+                    "true; set that too, or remove checkpointEveryBlocks",
+                )
+            ]
+        }
+    )
+
     precision: Literal["bf16", "fp16", "fp32"] = Field(
         default="bf16",
         description="Compute precision on GPUs. CPU training always computes in fp32; fp16 is "
@@ -339,6 +353,15 @@ class TrainingSpec(ApiModel):
     )
     gradient_checkpointing: bool = Field(
         default=False, description="Recompute activations in backward to save memory (about +33% compute)."
+    )
+    checkpoint_every_blocks: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="With gradientCheckpointing: checkpoint one transformer block in this many, the "
+        "first, then every N-th. 1 checkpoints every block (least memory); 2 every other block "
+        "(selective checkpointing: half the recomputation, the other blocks keep their activations). "
+        "The builtin trainer only; the huggingface and custom trainers ignore it.",
     )
     compile: bool | None = Field(
         default=None,

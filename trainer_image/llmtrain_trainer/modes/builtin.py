@@ -31,7 +31,7 @@ from llmtrain_trainer.distributed import (
 )
 from llmtrain_trainer.export import export_model
 from llmtrain_trainer.lifecycle import Lifecycle
-from llmtrain_trainer.loss import token_loss_sum, trained_tokens
+from llmtrain_trainer.loss import trained_tokens
 from llmtrain_trainer.metrics import BatchCounts, MetricsRecord, batch_counts
 from llmtrain_trainer.model import TrainingFlops, count_parameters, model_config, training_flops
 from llmtrain_trainer.modes import Refusal
@@ -352,7 +352,7 @@ class TrainingRun:
         ):
             totals[1] += trained_tokens(batch["labels"])  # on the CPU copy: no sync
             batch = {k: v.to(self.env.device) for k, v in batch.items()}
-            totals[0] += token_loss_sum(strategy.forward(batch), batch["labels"]).to(torch.float64)
+            totals[0] += strategy.loss_sum(batch).to(torch.float64)
         strategy.train(True)
         dist.all_reduce(totals)
         return float(totals[0] / totals[1]) if totals[1] > 0 else None

@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from llmtrain.memory import LOSS_CHUNK_TOKENS
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
 from llmtrain_trainer.distributed import WorkerEnv
-from llmtrain_trainer.loss import token_loss_sum
+from llmtrain_trainer.loss import causal_lm, head_loss_forward, token_loss_sum
 from llmtrain_trainer.model import CompileFailures
 
 if TYPE_CHECKING:
@@ -67,6 +68,8 @@ class Strategy(abc.ABC):
     """The module to call for forward passes (wrapped as the strategy needs)."""
     scheduler: LRScheduler
     """The LR schedule (`optim.build_scheduler`), stepped once per optimizer step."""
+    loss_chunk_tokens = LOSS_CHUNK_TOKENS
+    """Positions whose logits `loss_sum` computes at once."""
     reshardable_checkpoints = True
     """Whether `load` accepts a checkpoint written by a different number of workers."""
     compile_failures: CompileFailures | None = None
@@ -103,6 +106,25 @@ class Strategy(abc.ABC):
         logits: torch.Tensor = output.logits
         return logits
 
+    def loss_sum(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Summed next-token loss of a micro-batch already on the device (`loss.token_loss_sum`).
+
+        Taken in chunks of positions from the final hidden states (`loss.head_loss_forward`), so a
+        large vocabulary's logits never exist whole; architectures that transform the head's
+        output first fall back to whole logits."""
+        lm = causal_lm(self.model)
+        if lm is None:
+            return token_loss_sum(self.forward(batch), batch["labels"])
+        with head_loss_forward(lm, batch["labels"], self.loss_chunk_tokens):
+            output = self.model(
+                input_ids=batch["input_ids"],
+                attention_mask=batch.get("attention_mask"),
+                position_ids=batch.get("position_ids"),
+                use_cache=False,
+            )
+        loss: torch.Tensor = output.loss
+        return loss
+
     def forward_backward(
         self, batch: dict[str, torch.Tensor], loss_scale: float, last_micro_batch: bool
     ) -> torch.Tensor:
@@ -114,7 +136,7 @@ class Strategy(abc.ABC):
         """
         with self._sync_context(last_micro_batch):
             with self._autocast():
-                loss_sum = token_loss_sum(self.forward(batch), batch["labels"])
+                loss_sum = self.loss_sum(batch)
             self._backward(loss_sum * loss_scale, last_micro_batch)
         return loss_sum.detach()
 

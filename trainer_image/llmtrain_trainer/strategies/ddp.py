@@ -36,7 +36,7 @@ class DdpStrategy(TorchNativeStrategy):
         torch.manual_seed(config.training.seed)
         base = models.apply_lora(base, config.method)
         if config.training.gradient_checkpointing:
-            models.enable_gradient_checkpointing(base)
+            models.enable_gradient_checkpointing(base, config.training.checkpoint_every_blocks)
         if models.compile_wanted(config.training.compile, env.on_gpu):
             self.compile_failures = models.compile_blocks(base)
         base.to(env.device)

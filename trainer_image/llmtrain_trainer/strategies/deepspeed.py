@@ -132,7 +132,7 @@ class DeepSpeedStrategy(Strategy):
         torch.manual_seed(config.training.seed)
         model = models.apply_lora(model, config.method)
         if config.training.gradient_checkpointing:
-            models.enable_gradient_checkpointing(model)
+            models.enable_gradient_checkpointing(model, config.training.checkpoint_every_blocks)
 
         optimizer = build_optimizer(model, config.training, env.on_gpu)
         engine, _, _, scheduler = deepspeed.initialize(

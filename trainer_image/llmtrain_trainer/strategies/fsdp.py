@@ -56,7 +56,7 @@ class FsdpStrategy(TorchNativeStrategy):
         )
         model = models.apply_lora(model, config.method)
         if config.training.gradient_checkpointing:
-            models.enable_gradient_checkpointing(model)
+            models.enable_gradient_checkpointing(model, config.training.checkpoint_every_blocks)
         if models.compile_wanted(config.training.compile, env.on_gpu):
             self.compile_failures = models.compile_blocks(model)
         buffers = {name: buf.detach().clone() for name, buf in model.named_buffers(remove_duplicate=False)}
