@@ -28,7 +28,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO / "operator"), str(REPO)]  # this tree's operator, here and in the operator process
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    filter(None, (str(REPO / "operator"), os.environ.get("PYTHONPATH")))
+)
 
 from llmtrain.constants import FINISHED_LABEL, GROUP_VERSION, PLURAL, RAY_GROUP_VERSION, RAYJOB_PLURAL  # noqa: E402
 from llmtrain.operator.config import DEFAULT_RESYNC_SECONDS  # noqa: E402
@@ -234,19 +237,16 @@ async def ceiling(
     It does no reading, no status and no watching. `rbac=False` leaves out the per-job Role and
     RoleBinding (the alternative of one reporter Role bound per namespace). Returns jobs/s to the
     last RayJob, and p50 and p99 of create→RayJob in ms. Run with the operator stopped."""
+    from kubernetes import client as k8s_client
+    from kubernetes import config as k8s_config
     from llmtrain.api.validation import parse_job
     from llmtrain.operator.kube import Kube
     from llmtrain.render import render
 
-    saved = os.environ.get("KUBECONFIG")
-    os.environ["KUBECONFIG"] = str(kubeconfig)
-    try:
-        kube = Kube.from_environment(connections=args.workers)
-    finally:
-        if saved is None:
-            os.environ.pop("KUBECONFIG", None)
-        else:
-            os.environ["KUBECONFIG"] = saved
+    configuration = k8s_client.Configuration()
+    k8s_config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    configuration.connection_pool_maxsize = args.workers  # as `Kube.from_environment` sizes it
+    kube = Kube(k8s_client.ApiClient(configuration))
     group = f"/apis/{GROUP_VERSION}/namespaces/{namespace}/{PLURAL}"
     pool = ThreadPoolExecutor(max_workers=args.workers, thread_name_prefix="ceiling")
     loop = asyncio.get_running_loop()
