@@ -23,11 +23,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO / "operator"), str(REPO)]  # this tree's operator, here and in the operator process
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    filter(None, (str(REPO / "operator"), os.environ.get("PYTHONPATH")))
+)
 
 from llmtrain.constants import FINISHED_LABEL, GROUP_VERSION, PLURAL, RAY_GROUP_VERSION, RAYJOB_PLURAL  # noqa: E402
 from llmtrain.operator.config import DEFAULT_RESYNC_SECONDS  # noqa: E402
@@ -217,6 +221,67 @@ def requests_per_job(cluster: Cluster, since: int, jobs: int) -> str:
     return ", ".join(f"{key} {n / jobs:.2f}" for key, n in counts.most_common())
 
 
+async def ceiling(
+    api: RealApi,
+    kubeconfig: Path,
+    namespace: str,
+    args: argparse.Namespace,
+    suspended: bool,
+    rbac: bool,
+) -> tuple[float, float, float]:
+    """The ceiling the operator is measured against: the same jobs created the same way (this
+    client, admin, at `--concurrency` or `--rate`), and for each, once it is stored, the objects the
+    operator creates for it (`render`'s output, owned by the job) created in order by a plain
+    client: the operator's own API layer (`Kube`, the kubernetes client) with the operator's
+    ServiceAccount token, `--workers` jobs at a time, as many as the operator's handler threads.
+    It does no reading, no status and no watching. `rbac=False` leaves out the per-job Role and
+    RoleBinding (the alternative of one reporter Role bound per namespace). Returns jobs/s to the
+    last RayJob, and p50 and p99 of create→RayJob in ms. Run with the operator stopped."""
+    from kubernetes import client as k8s_client
+    from kubernetes import config as k8s_config
+    from llmtrain.api.validation import parse_job
+    from llmtrain.operator.kube import Kube
+    from llmtrain.render import render
+
+    configuration = k8s_client.Configuration()
+    k8s_config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    configuration.connection_pool_maxsize = args.workers  # as `Kube.from_environment` sizes it
+    kube = Kube(k8s_client.ApiClient(configuration))
+    group = f"/apis/{GROUP_VERSION}/namespaces/{namespace}/{PLURAL}"
+    pool = ThreadPoolExecutor(max_workers=args.workers, thread_name_prefix="ceiling")
+    loop = asyncio.get_running_loop()
+    sem = asyncio.Semaphore(args.concurrency)
+    created_at: dict[str, float] = {}
+    rayjob_at: dict[str, float] = {}
+
+    def children(doc: dict[str, Any]) -> None:
+        for obj in render(parse_job(doc)):
+            if not rbac and obj["kind"] in ("Role", "RoleBinding"):
+                continue
+            kube.create(obj)
+        rayjob_at[doc["metadata"]["name"]] = time.monotonic()
+
+    start = time.monotonic()
+
+    async def one(i: int) -> None:
+        name = f"ceil-{i:05d}"
+        if args.rate:
+            await asyncio.sleep(max(0.0, start + i / args.rate - time.monotonic()))
+        doc = bench_job(name, namespace, suspended)
+        async with sem:
+            created_at[name] = time.monotonic()
+            stored = await api.create(group, doc)
+        await loop.run_in_executor(pool, children, {**doc, "metadata": stored["metadata"]})
+
+    try:
+        await asyncio.gather(*(one(i) for i in range(args.jobs)))
+    finally:
+        pool.shutdown()
+    total = max(rayjob_at.values()) - start
+    p50, p99 = percentiles(created_at, rayjob_at)
+    return args.jobs / total, p50, p99
+
+
 async def run(args: argparse.Namespace) -> str:
     jobs, rate, suspended = args.jobs, args.rate, not args.kuberay_runs
     cluster, down = start_cluster(args.cluster_dir, with_kueue=not args.no_kueue)
@@ -337,16 +402,42 @@ async def run(args: argparse.Namespace) -> str:
             f"{settle_phase} (all at {settled:.1f} s); phases: {dict(collections.Counter(phases.values()))}",
             flush=True,
         )
+        op_rate = jobs / (max(rayjob_at.values()) - start)
+        result = f"jobs={jobs} total_s={total:.1f} p50_ms={p50:.0f} p99_ms={p99:.0f} rss_mb={rss:.0f}"
+        if not args.no_ceiling:
+            proc.terminate()  # the ceiling's jobs are for the plain client alone
+            proc.wait(timeout=30)
+            print(
+                f"operator: {op_rate:.1f} jobs/s to the last RayJob, "
+                f"create→RayJob p50/p99 {p50:.0f}/{p99:.0f} ms"
+            )
+            for rbac, suffix in ((True, "ceiling"), (False, "ceiling-norbac")):
+                ns = f"{namespace}-{suffix}"
+                cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}])
+                rate, c50, c99 = await ceiling(api, operator.kubeconfig, ns, args, suspended, rbac)
+                what = "every object render yields" if rbac else "without the per-job Role and RoleBinding"
+                print(
+                    f"plain client, {what}: {rate:.1f} jobs/s, create→RayJob p50/p99 {c50:.0f}/{c99:.0f} ms; "
+                    f"operator/this = {op_rate / rate:.2f}",
+                    flush=True,
+                )
+                if rbac:
+                    result += f" ceiling_ratio={op_rate / rate:.2f} ceiling_p99_ms={c99:.0f}"
     finally:
-        if proc is not None:
+        if proc is not None and proc.poll() is None:
             proc.terminate()
             proc.wait(timeout=30)
         await api.aclose()
         if args.cluster_dir is not None:
-            for ns in (namespace, f"{namespace}-warmup"):
+            for ns in (
+                namespace,
+                f"{namespace}-warmup",
+                f"{namespace}-ceiling",
+                f"{namespace}-ceiling-norbac",
+            ):
                 cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         down()
-    return f"jobs={jobs} total_s={total:.1f} p50_ms={p50:.0f} p99_ms={p99:.0f} rss_mb={rss:.0f}"
+    return result
 
 
 def finished_status(doc: dict[str, Any], name: str) -> dict[str, Any]:
@@ -430,6 +521,13 @@ async def idle(pid: int, cap_s: float) -> float:
     return time.monotonic() - started
 
 
+async def all_labelled(api: RealApi, jobs: str, started: float) -> float:
+    """Seconds from `started` until no job lacks the finished label (polled each 0.5 s)."""
+    while await api.any_listed(jobs, f"!{FINISHED_LABEL}"):
+        await asyncio.sleep(0.5)
+    return time.monotonic() - started
+
+
 async def run_retained(args: argparse.Namespace) -> str:
     """Peak RSS of an operator started beside `args.retained` finished jobs, over two resync
     periods and until it is idle: first as after an upgrade (the jobs not yet labelled finished),
@@ -456,21 +554,26 @@ async def run_retained(args: argparse.Namespace) -> str:
             proc = operator.proc
             try:
                 started = time.monotonic()
+                jobs = f"/apis/{GROUP_VERSION}/namespaces/{namespace}/{PLURAL}"
+                labelled = asyncio.create_task(all_labelled(api, jobs, started))
                 await asyncio.sleep(2 * args.resync_seconds + 2)
                 settle = await idle(proc.pid, 600)
                 if proc.poll() is not None:
                     raise SystemExit(f"the operator exited ({proc.returncode}); see {tmp}")
                 # The first start labels every job finished; the restart is the steady state only
                 # once it has (an operator stopped at a lull leaves the rest to the restart).
-                jobs = f"/apis/{GROUP_VERSION}/namespaces/{namespace}/{PLURAL}"
                 while await api.any_listed(jobs, f"!{FINISHED_LABEL}") and time.monotonic() - started < 900:
                     await asyncio.sleep(5)
                 rss = peak_rss_mb(proc.pid)
                 wall = time.monotonic() - started
+                await asyncio.sleep(1)  # the poll's last answer
+                label_s = f"{labelled.result():.1f} s" if labelled.done() else "not yet"
+                labelled.cancel()
                 print(
                     f"{run_name}: peak RSS {rss:.0f} MB over {wall:.0f} s "
                     f"(two resync periods of {args.resync_seconds:g} s, then {settle:.0f} s until idle); "
-                    f"operator cpu_s={cpu_seconds(proc.pid):.1f}",
+                    f"operator cpu_s={cpu_seconds(proc.pid):.1f}; every job labelled finished "
+                    f"{label_s} after the operator started",
                     flush=True,
                 )
                 results.append(f"{run_name}_rss_mb={rss:.0f}")
@@ -532,6 +635,11 @@ def main() -> None:
     )
     parser.add_argument("--workers", type=int, default=16, help="operator handler threads")
     parser.add_argument("--namespace", default="bench")
+    parser.add_argument(
+        "--no-ceiling",
+        action="store_true",
+        help="skip the plain client's runs (the ceiling, with and without per-job RBAC) after the operator's",
+    )
     parser.add_argument(
         "--log-level", default="info", help="the operator's, as deployed by the chart (JSON logs to a file)"
     )

@@ -271,3 +271,51 @@ def test_finished_jobs_left_unlabelled_are_labelled_before_kopf_lists_them() -> 
         ("list-page", "llmtrainingjobs", f"!{FINISHED_LABEL}", page, "1"),
         ("patch", "llmtrainingjobs", "bad"),
     ]
+
+
+def test_start_up_labels_a_page_several_patches_at_a_time_and_pages_in_turn() -> None:
+    """One patch after the other, 5,000 kept jobs took minutes after an upgrade, and Kopf served
+    no job meanwhile: the patches of a page run `LABEL_CONCURRENCY` at a time, never more, each
+    job's RayJob still labelled before the job, and a page done before the next is listed."""
+    import threading
+    import time
+
+    class Slow(Kube):
+        def __init__(self, pages: list[list[dict[str, Any]]]) -> None:
+            super().__init__(pages)
+            self.lock = threading.Lock()
+            self.in_flight = self.most = 0
+            self.order: list[tuple[str, str]] = []
+
+        def list_pages(self, *args: Any, **kw: Any) -> Iterator[list[dict[str, Any]]]:
+            for items in super().list_pages(*args, **kw):
+                with self.lock:
+                    assert self.in_flight == 0, "the next page listed while the last one's patches ran"
+                    self.order.append(("list", ""))
+                yield items
+
+        def merge_patch(self, res: Any, namespace: str, name: str, body: dict[str, Any], **kw: Any) -> dict:
+            with self.lock:
+                self.in_flight += 1
+                self.most = max(self.most, self.in_flight)
+                self.order.append((res.plural, name))
+            time.sleep(0.02)
+            with self.lock:
+                self.in_flight -= 1
+            return {}
+
+    pages = [
+        [job(f"j{p}-{i}", {"phase": "Succeeded", "rayJobName": f"j{p}-{i}"}) for i in range(24)]
+        for p in range(2)
+    ]
+    kube = Slow(pages)
+    mirror.label_finished_jobs(kube, OperatorConfig(), logging.getLogger("test"))  # type: ignore[arg-type]
+    assert kube.most == mirror.LABEL_CONCURRENCY > 1
+    patched = [name for plural, name in kube.order if plural == "llmtrainingjobs"]
+    assert sorted(patched) == sorted(j["metadata"]["name"] for page in pages for j in page)
+    for name in patched:
+        assert kube.order.index(("rayjobs", name)) < kube.order.index(("llmtrainingjobs", name))
+    assert kube.order.index(("list", "")) == 0 and [k for k, _ in kube.order].count("list") == 2
+    assert all(
+        name.startswith("j0-") for p, name in kube.order[: kube.order.index(("list", ""), 1)] if p != "list"
+    )
