@@ -180,7 +180,7 @@ def _cannot_fit() -> str:
 def _probably_not() -> str:
     document = _example("llama3-8b-fsdp.yaml")
     document["spec"]["model"] = {"config": LLAMA3_8B, "tokenizer": "byte-level"}
-    document["spec"]["training"].update(gradientCheckpointing=False, microBatchSize=4)
+    document["spec"]["training"].update(gradientCheckpointing=False, microBatchSize=8)
     return _memory_findings(document)
 
 
