@@ -119,6 +119,9 @@ class CheckpointToRunDir(RayTrainReportCallback):  # type: ignore[misc]
             if source is not None:
                 merge_move(Path(source), target)
                 shutil.rmtree(source, ignore_errors=True)
+                # load_best_model_at_end (checkpoint.exportBest) reads the best one from here now.
+                if state.best_model_checkpoint and Path(state.best_model_checkpoint) == Path(source):
+                    state.best_model_checkpoint = str(target)
 
 
 def merge_move(source: Path, target: Path) -> None:
