@@ -398,8 +398,9 @@ class CheckpointSpec(ApiModel):
     )
     keep_best: bool = Field(
         default=False,
-        description="Trainer builtin: rotate by validation loss, keeping the `keep` checkpoints with the lowest one (and "
-        "always the latest, to resume from) instead of the newest. Needs dataset.validationSplit.",
+        description="trainer.type builtin: rotate by validation loss, keeping the `keep` checkpoints "
+        "with the lowest one (and always the latest, to resume from) instead of the newest. Needs "
+        "dataset.validationSplit.",
     )
     export_best: bool = Field(
         default=False,
