@@ -77,3 +77,29 @@ def test_the_run_stops_early_and_exports_its_best_checkpoint(
     assert best.keys() == reference.keys()
     for name, tensor in reference.items():
         torch.testing.assert_close(best[name], tensor, rtol=0, atol=1e-6, msg=name)
+
+
+def test_the_hf_trainer_stops_early_and_exports_its_best_checkpoint(
+    ray_address: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The same through transformers' EarlyStoppingCallback and load_best_model_at_end: the export
+    is the best checkpoint's model file, which has moved into the run directory."""
+    hf = tiny_config(
+        tmp_path_factory.mktemp("hf"),
+        "hf",
+        strategy={"type": "ddp"},
+        trainer={"type": "huggingface"},
+        dataset={"validationSplit": 0.2},
+        training={**DIVERGING, "maxSteps": MAX_STEPS, "earlyStopping": {"patience": 2}},
+        checkpoint={"everySteps": EVERY, "keep": 10, "export": True, "exportBest": True},
+    )
+    run_training(hf, LoopOptions(log_lines=False))
+    done = result(hf)
+    assert done["stopped_early"] and done["steps"] < MAX_STEPS, done
+    best = Path(done["best_checkpoint"])
+    assert best.is_relative_to(run_dir(hf)), best
+    reference = load_file(str(best / "model.safetensors"))
+    export = exported(hf)
+    assert export.keys() == reference.keys()
+    for name, tensor in reference.items():
+        torch.testing.assert_close(export[name], tensor, rtol=0, atol=0, msg=name)
