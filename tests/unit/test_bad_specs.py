@@ -626,6 +626,19 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
         "spec.resumeFrom.checkpoint",
         True,
     ),
+    (
+        "early-stopping-without-validation",
+        spec("training", {"earlyStopping": {"patience": 2}}),
+        "training.earlyStopping",
+        True,
+    ),
+    (
+        "export-best-without-validation",
+        spec("checkpoint", {"exportBest": True}),
+        "checkpoint.exportBest",
+        True,
+    ),
+    ("early-stopping-zero-patience", spec("training", {"earlyStopping": {"patience": 0}}), "patience", True),
     # Inside the inline model config (preserve-unknown in the CRD): the API server accepts these;
     # `llmtrain validate` and the operator refuse them before anything is created.
     ("config-without-model-type", inline_config(model_type=None), "model.config.model_type", False),

@@ -84,6 +84,8 @@ class TrainerState:
     empty where the files are the user's own (trainer.type custom)."""
     trainer: str = "builtin"
     """The trainer.type that wrote the files: each mode reads only its own."""
+    evaluation: dict[str, Any] = field(default_factory=dict)
+    """The built-in loop's best validation loss and patience used (evaluation.EvalTracker)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -94,6 +96,7 @@ class TrainerState:
             "world_size": self.world_size,
             "shape": self.shape,
             "trainer": self.trainer,
+            "evaluation": self.evaluation,
         }
 
     @classmethod
@@ -107,6 +110,7 @@ class TrainerState:
             world_size=int(data.get("world_size", 1)),
             shape=dict(data.get("shape") or {}),
             trainer=str(data.get("trainer", "builtin")),
+            evaluation=dict(data.get("evaluation") or {}),
         )
 
     @classmethod

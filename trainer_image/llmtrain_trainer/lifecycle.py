@@ -138,6 +138,10 @@ class Lifecycle:
         as long (0 until the first)."""
         self.pending: PendingCheckpoint | None = None
         """A checkpoint still being written in the background (checkpoint.asyncSave)."""
+        self.best_checkpoint: str | None = None
+        self.best_val_loss: float | None = None
+        self.stopped_early: str | None = None
+        """Set by the mode when training.earlyStopping ended training (result.json, finished record)."""
         self._tokens_mark: int | None = None
         self._trained: tuple[float, float | None] | None = None
 
@@ -316,5 +320,8 @@ class Lifecycle:
                 world_size=self.env.world_size,
                 train_seconds=seconds if trained else None,
                 tokens_per_second=rate if trained else None,
+                best_checkpoint=self.best_checkpoint,
+                best_val_loss=self.best_val_loss,
+                stopped_early=self.stopped_early,
             ).write(self.run_dir)
-        self.emit(MetricsRecord("finished", steps, total, path=export))
+        self.emit(MetricsRecord("finished", steps, total, path=export, message=self.stopped_early))

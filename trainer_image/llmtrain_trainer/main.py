@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llmtrain.api.trainer_config import TrainerConfig
 from llmtrain.constants import RAY_VERSION_ENV
@@ -29,6 +30,9 @@ from llmtrain_trainer.ray_version import RayVersionMismatch, check_ray_version
 from llmtrain_trainer.run_logs import RunLogHandler, attach_driver, detach, note
 from llmtrain_trainer.rundir import latest_checkpoint
 from llmtrain_trainer.weights import with_model_folder
+
+if TYPE_CHECKING:
+    from ray.train import CheckpointConfig
 
 log = logging.getLogger("llmtrain_trainer")
 PROG = "llmtrain-trainer"
@@ -60,7 +64,7 @@ def process_group_backend(config: TrainerConfig) -> str | None:
 
 def build_trainer(config: TrainerConfig, options: LoopOptions | None = None) -> object:
     """The V2 TorchTrainer for this config (not started)."""
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     resources: dict[str, float] = {"CPU": config.scaling.cpus_per_worker}
@@ -83,10 +87,30 @@ def build_trainer(config: TrainerConfig, options: LoopOptions | None = None) -> 
             name=config.run_name,
             storage_path=config.storage_path,
             failure_config=FailureConfig(max_failures=config.max_worker_failures),
-            checkpoint_config=CheckpointConfig(num_to_keep=config.checkpoint.keep),
+            checkpoint_config=checkpoint_config(config),
             worker_runtime_env={"env_vars": worker_env_vars(config)},
         ),
     )
+
+
+def ranks_by_val_loss(config: TrainerConfig) -> bool:
+    """checkpoint.keepBest/exportBest in the builtin loop, whose every checkpoint carries a
+    val_loss; the huggingface trainer keeps its best through load_best_model_at_end instead."""
+    return config.trainer.type == "builtin" and (config.checkpoint.keep_best or config.checkpoint.export_best)
+
+
+def checkpoint_config(config: TrainerConfig) -> CheckpointConfig:
+    """Ray Train's rotation: the newest `keep`, or the `keep` lowest validation losses (Ray
+    always keeps the latest too, which a restart resumes from)."""
+    from ray.train import CheckpointConfig
+
+    if ranks_by_val_loss(config):
+        return CheckpointConfig(
+            num_to_keep=config.checkpoint.keep,
+            checkpoint_score_attribute="val_loss",
+            checkpoint_score_order="min",
+        )
+    return CheckpointConfig(num_to_keep=config.checkpoint.keep)
 
 
 def root_cause(exc: BaseException) -> str:

@@ -84,6 +84,11 @@ class RunResult:
     train_seconds: float | None = None
     """Seconds spent stepping in the last attempt (checkpoints and evaluations excluded)."""
     tokens_per_second: float | None = None
+    best_checkpoint: str | None = None
+    """The checkpoint with the lowest validation loss (the exported one with checkpoint.exportBest)."""
+    best_val_loss: float | None = None
+    stopped_early: str | None = None
+    """Why training.earlyStopping ended the run before its last step."""
     finished_at: float = field(default_factory=time.time)
 
     def to_dict(self) -> dict[str, Any]:

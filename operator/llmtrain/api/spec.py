@@ -307,6 +307,24 @@ class StrategySpec(ApiModel):
     deepspeed: DeepSpeedSpec | None = Field(default=None, description="ZeRO options (type deepspeed).")
 
 
+class EarlyStoppingSpec(ApiModel):
+    """Stop training once the validation loss has stopped improving."""
+
+    patience: int = Field(
+        ge=1,
+        le=100_000,
+        description="Evaluations in a row (one at each checkpoint) without an improvement after which "
+        "the run stops, successfully.",
+    )
+    min_delta: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1e6,
+        description="How much lower than the best so far a validation loss must be to count as an "
+        "improvement.",
+    )
+
+
 class TrainingSpec(ApiModel):
     """Optimisation hyperparameters."""
 
@@ -376,6 +394,12 @@ class TrainingSpec(ApiModel):
     log_every_steps: int = Field(
         default=10, ge=1, le=100_000, description="Steps between metric reports (loss, tokens/s, MFU)."
     )
+    early_stopping: EarlyStoppingSpec | None = Field(
+        default=None,
+        description="Stop when the validation loss (dataset.validationSplit, evaluated at every "
+        "checkpoint) has not improved for `patience` evaluations. The builtin and huggingface "
+        "trainers apply it; a custom function reads it from its config.",
+    )
 
 
 class CheckpointSpec(ApiModel):
@@ -416,6 +440,17 @@ class CheckpointSpec(ApiModel):
         description="Also copy the export, once it is complete, to this object-store prefix "
         "(s3://bucket/prefix; needs spec.objectStorage). Retried a few times; the result shows in "
         "status.progress.exportedTo (or status.progress.error).",
+    )
+    keep_best: bool = Field(
+        default=False,
+        description="trainer.type builtin: rotate by validation loss, keeping the `keep` checkpoints "
+        "with the lowest one (and always the latest, to resume from) instead of the newest. Needs "
+        "dataset.validationSplit.",
+    )
+    export_best: bool = Field(
+        default=False,
+        description="Export the checkpoint with the lowest validation loss instead of the final weights "
+        "(implies keepBest). Needs dataset.validationSplit.",
     )
 
 
@@ -1096,6 +1131,21 @@ class LLMTrainingJobSpec(ApiModel):
                     "podTemplate.volumeMounts cannot mount at or under storage.mountPath: the shared "
                     "storage is mounted there",
                     ".podTemplate.volumeMounts",
+                ),
+                cel(
+                    "!has(self.training.earlyStopping) || (has(self.dataset.validationSplit) && "
+                    "self.dataset.validationSplit > 0.0)",
+                    "training.earlyStopping needs an evaluation: set dataset.validationSplit (e.g. 0.05) "
+                    "or drop earlyStopping",
+                    ".training.earlyStopping",
+                ),
+                cel(
+                    "!(has(self.checkpoint.keepBest) && self.checkpoint.keepBest) && "
+                    "!(has(self.checkpoint.exportBest) && self.checkpoint.exportBest) || "
+                    "(has(self.dataset.validationSplit) && self.dataset.validationSplit > 0.0)",
+                    "checkpoint.keepBest and checkpoint.exportBest rank checkpoints by validation loss: "
+                    "set dataset.validationSplit (e.g. 0.05) or drop them",
+                    ".checkpoint",
                 ),
                 cel(
                     "has(self.resumeFrom) == has(oldSelf.resumeFrom)",

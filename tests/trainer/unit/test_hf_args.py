@@ -88,3 +88,35 @@ def test_strategies_map_to_fsdp_or_deepspeed(tmp_path: Path) -> None:
 
 def test_unknown_arguments_are_named() -> None:
     assert unknown_arguments({"optim": "sgd", "optimm": "x", "adam_beta3": 1}) == ["adam_beta3", "optimm"]
+
+
+def test_early_stopping_and_best_export_map_onto_the_trainers_own_settings(tmp_path: Path) -> None:
+    from llmtrain_trainer.modes.hf_args import early_stopping_callbacks
+    from transformers import EarlyStoppingCallback
+
+    config = tiny_config(
+        tmp_path,
+        "hf",
+        strategy={"type": "ddp"},
+        trainer={"type": "huggingface"},
+        dataset={"validationSplit": 0.1},
+        training={"earlyStopping": {"patience": 3, "minDelta": 0.05}},
+        checkpoint={"everySteps": 10, "exportBest": True},
+    )
+    args = training_arguments(config, tmp_path / "out", evaluate=True)
+    assert (args.eval_strategy, args.eval_steps, args.save_steps) == ("steps", 10, 10)
+    assert args.metric_for_best_model == "eval_loss" and args.greater_is_better is False
+    assert args.load_best_model_at_end
+    [callback] = early_stopping_callbacks(config, evaluate=True)
+    assert isinstance(callback, EarlyStoppingCallback)
+    assert (callback.early_stopping_patience, callback.early_stopping_threshold) == (3, 0.05)
+
+    # Early stopping alone tracks the best but exports the final weights.
+    plain = config.model_copy(
+        update={"checkpoint": config.checkpoint.model_copy(update={"export_best": False})}
+    )
+    args = training_arguments(plain, tmp_path / "out", evaluate=True)
+    assert args.metric_for_best_model == "eval_loss" and not args.load_best_model_at_end
+    # No evaluation (an empty held-out set): nothing to track, no callback.
+    assert early_stopping_callbacks(config, evaluate=False) == []
+    assert training_arguments(config, tmp_path / "out", evaluate=False).metric_for_best_model is None

@@ -29,6 +29,7 @@ from llmtrain_trainer.distributed import (
     scalar,
     training_timeout_seconds,
 )
+from llmtrain_trainer.evaluation import EvalTracker
 from llmtrain_trainer.export import export_model
 from llmtrain_trainer.lifecycle import Lifecycle
 from llmtrain_trainer.loss import trained_tokens
@@ -36,6 +37,7 @@ from llmtrain_trainer.metrics import BatchCounts, MetricsRecord, batch_counts
 from llmtrain_trainer.model import TrainingFlops, count_parameters, model_config, training_flops
 from llmtrain_trainer.modes import Refusal
 from llmtrain_trainer.optim import rebase_scheduler
+from llmtrain_trainer.rundir import checkpoint_name
 from llmtrain_trainer.strategies import make_strategy
 from llmtrain_trainer.strategies.base import Strategy
 from llmtrain_trainer.tokenizer import load_tokenizer
@@ -118,6 +120,7 @@ class TrainingRun:
         self.life = lifecycle
         self.total = 0
         self._compile_failures_told = 0
+        self.tracker = EvalTracker()
 
     # -------------------------------------------------------------------------- set-up
 
@@ -133,6 +136,7 @@ class TrainingRun:
             config, env, schedule_steps, initial_weights=point.checkpoint is None and point.seed is None
         )
         state, skipped = self._restore(strategy)
+        self.tracker = EvalTracker.from_dict(state.evaluation)
         self.total, shift = resumed_schedule(config, len(data.train), env.world_size, state)
         life.total_steps = self.total
         if shift:
@@ -156,6 +160,7 @@ class TrainingRun:
         )
         trained = self._train(strategy, data, state, tokenizer.pad_token_id)
         life.end_training()
+        self._load_best(strategy)
         export = self._export(strategy, tokenizer, trained)
         life.finish(state.step, export, trained)
 
@@ -287,6 +292,12 @@ class TrainingRun:
                 self._flush_counts(counts, state, flops)  # tokens_seen goes in the checkpoint
                 with life.paused() as started, watchdog.paused():
                     self._checkpoint(strategy, state, data, pad_id, started)
+                if self.tracker.stopped is not None:
+                    # Every rank saw the same all-reduced loss: all stop at this step.
+                    life.stopped_early = self.tracker.stopped
+                    if env.is_main:
+                        log.info("%s", self.tracker.stopped)
+                    break
         with life.paused(), watchdog.paused():
             life.complete_pending()
 
@@ -330,13 +341,19 @@ class TrainingRun:
         at once, or with checkpoint.asyncSave at the next checkpoint or the end of training."""
         life = self.life
         life.complete_pending()
+        # Validated first: the tracker's state (best loss, patience used) goes into this checkpoint.
+        val_loss = self._validate(strategy, data, pad_id) if data.validation is not None else None
+        if val_loss is not None:
+            self.tracker.observe(state.step, val_loss, self.config.training.early_stopping)
+            state.evaluation = self.tracker.to_dict()
+            self._note_best()
+            life.emit(MetricsRecord("validation", state.step, self.total, val_loss=val_loss))
         pending = checkpoint.start(strategy, state, self.run_dir, self.env)
         pending.metrics = {"step": state.step, "loss": life.last_loss}
-        if data.validation is not None:
-            val_loss = self._validate(strategy, data, pad_id)
-            if val_loss is not None:
-                pending.metrics["val_loss"] = val_loss
-                life.emit(MetricsRecord("validation", state.step, self.total, val_loss=val_loss))
+        if val_loss is not None:
+            pending.metrics["val_loss"] = val_loss
+        elif data.validation is not None:
+            pending.metrics["val_loss"] = math.inf  # no batch to score: ranked last (keepBest)
         life.pending = pending
         if not self.config.checkpoint.async_save:
             life.complete_pending(paused_since=started)
@@ -358,6 +375,25 @@ class TrainingRun:
         return float(totals[0] / totals[1]) if totals[1] > 0 else None
 
     # -------------------------------------------------------------------------- the end
+
+    def _note_best(self) -> None:
+        if self.tracker.best_step is not None:
+            self.life.best_checkpoint = str(self.run_dir / checkpoint_name(self.tracker.best_step))
+            self.life.best_val_loss = self.tracker.best_loss
+
+    def _load_best(self, strategy: Strategy) -> None:
+        """checkpoint.exportBest: put the best checkpoint's weights in the strategy for the export
+        (Ray Train's rotation keeps it: main.py ranks the checkpoints by validation loss)."""
+        self._note_best()
+        if not self.config.checkpoint.export_best or self.life.best_checkpoint is None:
+            return
+        if self.env.is_main:
+            log.info(
+                "exporting the best checkpoint %s (validation loss %.4f)",
+                self.life.best_checkpoint,
+                self.tracker.best_loss,
+            )
+        checkpoint.load(strategy, Path(self.life.best_checkpoint), self.env, weights_only=True)
 
     def _export(self, strategy: Strategy, tokenizer: Any, trained: bool) -> str | None:
         """Export when enabled, unless an export of this very state already exists."""

@@ -80,6 +80,33 @@ def strategy_arguments(config: TrainerConfig) -> dict[str, Any]:
     return {}
 
 
+def best_model_arguments(config: TrainerConfig, evaluate: bool) -> dict[str, Any]:
+    """training.earlyStopping and checkpoint.keepBest/exportBest → the Trainer's best-model
+    tracking on eval_loss (lower is better); exportBest also loads the best weights at the end,
+    which the export then writes."""
+    checkpoint = config.checkpoint
+    if not evaluate or not (config.training.early_stopping or checkpoint.keep_best or checkpoint.export_best):
+        return {}
+    return {
+        "metric_for_best_model": "eval_loss",
+        "greater_is_better": False,
+        "load_best_model_at_end": checkpoint.export_best,
+    }
+
+
+def early_stopping_callbacks(config: TrainerConfig, evaluate: bool) -> list[Any]:
+    """transformers' EarlyStoppingCallback for training.earlyStopping (patience in evaluations,
+    minDelta as its threshold)."""
+    rule = config.training.early_stopping
+    if rule is None or not evaluate:
+        return []
+    from transformers import EarlyStoppingCallback
+
+    return [
+        EarlyStoppingCallback(early_stopping_patience=rule.patience, early_stopping_threshold=rule.min_delta)
+    ]
+
+
 def training_arguments(config: TrainerConfig, output_dir: Path, evaluate: bool) -> TrainingArguments:
     training, on_gpu = config.training, config.scaling.use_gpu
     passed = dict(config.trainer.huggingface.args or {}) if config.trainer.huggingface else {}
@@ -110,6 +137,7 @@ def training_arguments(config: TrainerConfig, output_dir: Path, evaluate: bool) 
         "eval_strategy": "steps" if evaluate else "no",
         "eval_steps": config.checkpoint.every_steps if evaluate else None,
         **strategy_arguments(config),
+        **best_model_arguments(config, evaluate),
     }
     derived["report_to"] = config.tracking.backends() if config.tracking is not None else "none"
     defaults = {

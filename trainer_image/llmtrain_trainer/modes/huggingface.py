@@ -15,6 +15,7 @@ model in `export/merged/`, as the built-in export lays it out.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -27,7 +28,7 @@ from llmtrain.api.trainer_config import TrainerConfig
 from llmtrain.api.trainer_spec import HF_SEED_UNSUPPORTED
 from peft import PeftModel
 from ray.train.huggingface.transformers import RayTrainReportCallback, prepare_trainer
-from transformers import PreTrainedModel, Trainer, TrainerCallback
+from transformers import EarlyStoppingCallback, PreTrainedModel, Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 
 from llmtrain_trainer import model as models
@@ -37,7 +38,12 @@ from llmtrain_trainer.export import MERGED_DIR, meta_skeleton
 from llmtrain_trainer.lifecycle import Lifecycle
 from llmtrain_trainer.metrics import MetricsRecord
 from llmtrain_trainer.modes import ModeError, Refusal
-from llmtrain_trainer.modes.hf_args import FSDP_EXPORT_STATE_DICT, training_arguments, unknown_arguments
+from llmtrain_trainer.modes.hf_args import (
+    FSDP_EXPORT_STATE_DICT,
+    early_stopping_callbacks,
+    training_arguments,
+    unknown_arguments,
+)
 from llmtrain_trainer.tokenizer import load_tokenizer
 from llmtrain_trainer.tracking import tensorboard_dir
 from llmtrain_trainer.weights import fetch_weights
@@ -113,6 +119,9 @@ class CheckpointToRunDir(RayTrainReportCallback):  # type: ignore[misc]
             if source is not None:
                 merge_move(Path(source), target)
                 shutil.rmtree(source, ignore_errors=True)
+                # load_best_model_at_end (checkpoint.exportBest) reads the best one from here now.
+                if state.best_model_checkpoint and Path(state.best_model_checkpoint) == Path(source):
+                    state.best_model_checkpoint = str(target)
 
 
 def merge_move(source: Path, target: Path) -> None:
@@ -225,13 +234,34 @@ def merged_model(trainer: Trainer, config: TrainerConfig, is_main: bool) -> PreT
     return merged
 
 
+def _note_evaluation(trainer: Any, run: Lifecycle, step: int) -> None:
+    """The Trainer's best eval_loss and its checkpoint, and whether its EarlyStoppingCallback
+    ended training, for result.json and the finished record."""
+    state = trainer.state
+    if state.best_metric is not None:
+        run.best_val_loss = float(state.best_metric)
+        run.best_checkpoint = state.best_model_checkpoint
+    rule = run.config.training.early_stopping
+    stoppers = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, EarlyStoppingCallback)]
+    if rule is not None and any(
+        cb.early_stopping_patience_counter >= cb.early_stopping_patience for cb in stoppers
+    ):
+        run.stopped_early = (
+            f"early stopping at step {step}: eval_loss has not improved by more than {rule.min_delta:g} "
+            f"for {rule.patience} evaluations (training.earlyStopping.patience)"
+        )
+        if run.env.is_main:
+            logging.getLogger(__name__).info("%s", run.stopped_early)
+
+
 def run_huggingface(config: TrainerConfig, env: WorkerEnv, run_dir: Path, run: Lifecycle) -> None:
     torch.manual_seed(config.training.seed)
     tokenizer = load_tokenizer(config.model)
     with rank_zero_first(env):
         data = build_sequences(config.dataset, tokenizer, config.training.seed)
     output_dir = _staging(run_dir, env)
-    args = training_arguments(config, output_dir, evaluate=data.validation is not None)
+    evaluate = data.validation is not None
+    args = training_arguments(config, output_dir, evaluate=evaluate)
     model = build_model(config, env)
     n_params, n_trainable = models.count_parameters(model)
     run.announce(
@@ -249,12 +279,17 @@ def run_huggingface(config: TrainerConfig, env: WorkerEnv, run_dir: Path, run: L
         train_dataset=data.train,
         eval_dataset=data.validation,
         data_collator=lambda examples: collate(examples, pad_id),
-        callbacks=[ProgressToSinks(run), CheckpointToRunDir(run, output_dir)],
+        callbacks=[
+            ProgressToSinks(run),
+            CheckpointToRunDir(run, output_dir),
+            *early_stopping_callbacks(config, evaluate),
+        ],
     )
     trainer = prepare_trainer(trainer)
     resume = run.resume.checkpoint / HF_CHECKPOINT if run.resume.checkpoint is not None else None
     outcome = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     run.end_training()
+    _note_evaluation(trainer, run, int(outcome.global_step))
     if config.checkpoint.export:
         export(trainer, tokenizer, run)
     run.finish(int(outcome.global_step), run.existing_export())
