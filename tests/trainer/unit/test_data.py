@@ -7,16 +7,20 @@ from pathlib import Path
 import pytest
 from datasets import Dataset
 from llmtrain.api.spec import DatasetSpec
+from llmtrain_trainer import data
 from llmtrain_trainer.data import (
     IGNORE_INDEX,
     DataError,
     DataPosition,
     DistributedBatches,
+    Example,
     build_sequences,
     collate,
     encode_chat,
     encode_instruction,
+    evaluation_batches,
     pack,
+    tokenize,
 )
 from llmtrain_trainer.tokenizer import ASSISTANT, byte_level_tokenizer
 
@@ -72,6 +76,51 @@ def test_chat_learns_assistant_turns_only(tokenizer) -> None:  # type: ignore[no
     assert tokenizer.decode(learned, skip_special_tokens=False) == "Hi there<|end|>Goodbye<|end|>"
     assert learned.count(end) == 2
     assert tokenizer.convert_tokens_to_ids(ASSISTANT) not in learned, "the assistant header is prompt"
+    text = tokenizer.decode(example.input_ids, skip_special_tokens=False)
+    assert text.endswith("Goodbye<|end|>"), "no generation prompt dangles after the last reply"
+
+
+def test_chat_needs_a_template_that_renders_prefix_by_prefix() -> None:
+    """Assistant turns are located by rendering each conversation prefix; a tokenizer with no
+    template, or one that renders a prefix differently inside the whole conversation, is refused
+    with the remedy rather than masking the wrong tokens."""
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
+    bare = byte_level_tokenizer()
+    bare.chat_template = None
+    with pytest.raises(DataError, match=r"^dataset\.format chat needs a tokenizer with a chat template$"):
+        encode_chat(messages, bare, 64)
+    marks_last = byte_level_tokenizer()
+    marks_last.chat_template = (
+        "{% for m in messages %}{% if loop.last %}LAST:{% endif %}{{ m.content }}{% endfor %}"
+        "{% if add_generation_prompt %}A:{% endif %}"
+    )
+    with pytest.raises(
+        DataError, match=r"^the tokenizer's chat template does not render conversations prefix by"
+    ):
+        encode_chat(messages, marks_last, 64)
+    with pytest.raises(DataError, match=r"use format instruction instead$"):
+        encode_chat(messages, marks_last, 64)
+
+
+def test_empty_conversation_encodes_to_nothing(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """A record with no messages is dropped like one with no assistant turn, not a crash (chat
+    templates refuse to render an empty conversation)."""
+    assert encode_chat([], tokenizer, 64) == Example([], [])
+
+
+def test_tokenize_honours_tokenize_processes_and_names_an_empty_result(
+    tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """dataset.tokenizeProcesses bounds the processes (and their memory) when the caller names no
+    count; a dataset that yields no sequence is refused with its name, not as an empty run."""
+    monkeypatch.setattr(data, "_PACK_BATCH_RECORDS", 2)
+    records = Dataset.from_dict({"text": [f"Story {i}." for i in range(6)]})  # three record batches
+    one = DatasetSpec.model_validate({"path": "stories.txt", "maxSeqLength": 8, "tokenizeProcesses": 1})
+    assert len(tokenize(records, tokenizer, one).cache_files) == 1
+    chat = DatasetSpec.model_validate({"path": "greetings.jsonl", "format": "chat"})
+    unanswered = Dataset.from_dict({"messages": [[{"role": "user", "content": "Hi"}]]})
+    with pytest.raises(DataError, match=r"greetings\.jsonl.*no training sequences"):
+        tokenize(unanswered, tokenizer, chat)
 
 
 def test_pack_cuts_full_sequences() -> None:
@@ -123,6 +172,31 @@ def test_distributed_order_covers_epoch_once_and_resumes_exactly() -> None:
     rest, _ = _walk(dataset, world=2, batches=5, position=position)
     assert first + rest == straight, "resuming from the saved position neither repeats nor skips"
     assert straight[20:] != straight[:12], "each epoch has its own order"
+
+
+def test_validation_batches_are_disjoint_and_as_many_on_every_rank() -> None:
+    """Every rank evaluates as many batches (one more on a rank would leave the others waiting in
+    the loss all-reduce), each from its own contiguous share of the rows; a micro-batch larger than
+    a share shrinks to it rather than leaving the ranks without batches."""
+    rows = [[i] * (1 + i % 3) for i in range(11)]
+    dataset = Dataset.from_dict({"input_ids": rows, "labels": rows})
+
+    def first_tokens(micro_batch: int, world: int) -> list[list[list[int]]]:
+        return [
+            [
+                batch["input_ids"][:, 0].tolist()
+                for batch in evaluation_batches(dataset, micro_batch, rank, world, 99)
+            ]
+            for rank in range(world)
+        ]
+
+    assert first_tokens(2, 3) == [[[0, 1]], [[3, 4]], [[6, 7]]]
+    assert first_tokens(1, 3) == [[[0], [1], [2]], [[3], [4], [5]], [[6], [7], [8]]]
+    assert first_tokens(8, 2) == [[[0, 1, 2, 3, 4]], [[5, 6, 7, 8, 9]]]
+    assert first_tokens(2, 12) == [[]] * 12
+    batch = next(evaluation_batches(dataset, 3, 0, 1, 99))
+    assert batch["input_ids"][0].tolist() == [0] + [99] * 7
+    assert batch["labels"][0].tolist() == [0] + [IGNORE_INDEX] * 7
 
 
 def test_tiny_stories_match_their_generator() -> None:

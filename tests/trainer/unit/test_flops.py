@@ -97,6 +97,7 @@ def test_packed_examples_are_credited_for_their_own_attention_blocks() -> None:
 
     counts = batch_counts(row)
     assert (counts.inputs, counts.attended_pairs) == (64, sum(n * n for n in lengths))
+    assert counts.trained == 63, "every label but the row's first is predicted"
     estimate = training_flops(config, model).of(counts.inputs, counts.attended_pairs)
     starts = [sum(lengths[:i]) for i in range(len(lengths))]
     alone = sum(

@@ -144,3 +144,21 @@ def test_an_epochs_schedule_resumed_on_another_worker_count_continues_where_it_w
     assert resumed_schedule(config, sequences, 2, state) == (12, 0.0)
     fixed = tiny_config(tmp_path, "steps", training={"maxSteps": 30})
     assert resumed_schedule(fixed, sequences, 1, state) == (30, 0.0)
+
+
+def test_a_rebased_schedule_sets_the_next_learning_rate_at_once() -> None:
+    """The learning rate a restored optimizer holds belongs to the old schedule: rebasing puts every
+    group's rate (and the scheduler's last rate) on the new one before the next step, and keeps
+    the schedule's kind."""
+    training = TrainingSpec(warmup_ratio=0.1, lr_scheduler="linear")
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD([{"params": [model.weight], "lr": 1.0}, {"params": [model.bias], "lr": 0.5}])
+    scheduler = build_scheduler(optimizer, training, 10)
+    rebase_scheduler(scheduler, training, 20, shift=12)
+    factor = lr_factor(12, warmup=2, total=20, kind="linear")
+    assert factor == pytest.approx(1 - 10 / 18)
+    assert [group["lr"] for group in optimizer.param_groups] == pytest.approx([factor, factor / 2])
+    assert scheduler.get_last_lr() == pytest.approx([factor, factor / 2])
+    optimizer.step()
+    scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(lr_factor(13, warmup=2, total=20, kind="linear"))
