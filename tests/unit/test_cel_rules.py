@@ -408,6 +408,34 @@ CASES[_rule("training.checkpointEveryBlocks only applies")] = [
 ]
 
 
+# Evaluation-driven settings (spec-level rules): they rank or stop by validation loss, so they need
+# a validation split.
+CASES[_rule("training.earlyStopping needs an evaluation")] = [
+    (
+        {"training": {"earlyStopping": {"patience": 2}}, "dataset": {"validationSplit": 0.05}},
+        {"training": {"earlyStopping": {"patience": 2}}, "dataset": {}},
+        None,
+    ),
+    (
+        {"training": {}, "dataset": {"validationSplit": 0.0}},
+        {"training": {"earlyStopping": {"patience": 1}}, "dataset": {"validationSplit": 0.0}},
+        None,
+    ),
+]
+CASES[_rule("checkpoint.keepBest and checkpoint.exportBest rank checkpoints")] = [
+    (
+        {"checkpoint": {"exportBest": True}, "dataset": {"validationSplit": 0.1}},
+        {"checkpoint": {"exportBest": True}, "dataset": {}},
+        None,
+    ),
+    (
+        {"checkpoint": {"keepBest": False}, "dataset": {}},
+        {"checkpoint": {"keepBest": True}, "dataset": {"validationSplit": 0.0}},
+        None,
+    ),
+]
+
+
 # Object-store URIs (spec-level rules): a '://' value must be a well-formed object URI, and an
 # s3:// one needs spec.objectStorage (its Secret references).
 _STORE = {"accessKeySecretRef": {"name": "s", "key": "a"}, "secretKeySecretRef": {"name": "s", "key": "b"}}
