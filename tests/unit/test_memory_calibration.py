@@ -17,20 +17,10 @@ import pytest
 from llmtrain import memory
 from llmtrain.api.validation import parse_job
 
+from benchmarks.gpu_mfu import MODEL_1B  # the benchmark's model: the one measured
 from tests.support.jobs import load_example
 
 GIB = 2**30
-MODEL_1B = {
-    "model_type": "llama",
-    "vocab_size": 32000,
-    "hidden_size": 2048,
-    "intermediate_size": 5632,
-    "num_hidden_layers": 22,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 4,
-    "max_position_embeddings": 2048,
-    "tie_word_embeddings": False,
-}
 LORA = {"type": "lora", "lora": {"rank": 16}}
 # (case, training, strategy, method, measured peak GiB allocated)
 MEASURED: list[tuple[str, dict[str, Any], dict[str, Any], dict[str, Any] | None, float]] = [

@@ -21,19 +21,11 @@ from llmtrain.operator.status import Observed, with_root_cause
 from llmtrain_trainer import fabric_check
 from llmtrain_trainer.main import root_cause
 
+from tests.unit.test_memory import LLAMA3_8B  # an inline config: activations count before start-up
+
 REPO = Path(__file__).resolve().parents[2]
 GPU = "nvidia.com/gpu"
 H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
-# An inline model config: with one, activations are counted before start-up.
-LLAMA3_8B = {
-    "model_type": "llama",
-    "vocab_size": 128256,
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-}
 
 
 def table_fragments() -> list[str]:
