@@ -36,7 +36,7 @@ from llmtrain_trainer.lifecycle import LoopOptions
 from llmtrain_trainer.loop import run_worker
 from llmtrain_trainer.main import process_group_backend, worker_env_vars
 from llmtrain_trainer.preflight import PreflightError, check
-from llmtrain_trainer.run_context import LocalRunContext
+from llmtrain_trainer.run_context import LocalRunContext, ranks_by_val_loss
 from llmtrain_trainer.weights import with_model_folder
 
 PROG = "python -m llmtrain_trainer.launch"
@@ -102,7 +102,9 @@ def launch(config: TrainerConfig, options: LoopOptions) -> None:
     run_dir = Path(config.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     with process_group(config, env):
-        run_worker(config, options, env, run_dir, LocalRunContext(config.checkpoint.keep))
+        run_worker(
+            config, options, env, run_dir, LocalRunContext(config.checkpoint.keep, ranks_by_val_loss(config))
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -27,6 +27,7 @@ from llmtrain_trainer.loop import loop_config, train_loop_per_worker
 from llmtrain_trainer.objstore import ObjectStoreError, push_export, stage_inputs
 from llmtrain_trainer.preflight import PreflightError, check
 from llmtrain_trainer.ray_version import RayVersionMismatch, check_ray_version
+from llmtrain_trainer.run_context import ranks_by_val_loss
 from llmtrain_trainer.run_logs import RunLogHandler, attach_driver, detach, note
 from llmtrain_trainer.rundir import latest_checkpoint
 from llmtrain_trainer.weights import with_model_folder
@@ -91,12 +92,6 @@ def build_trainer(config: TrainerConfig, options: LoopOptions | None = None) -> 
             worker_runtime_env={"env_vars": worker_env_vars(config)},
         ),
     )
-
-
-def ranks_by_val_loss(config: TrainerConfig) -> bool:
-    """checkpoint.keepBest/exportBest in the builtin loop, whose every checkpoint carries a
-    val_loss; the huggingface trainer keeps its best through load_best_model_at_end instead."""
-    return config.trainer.type == "builtin" and (config.checkpoint.keep_best or config.checkpoint.export_best)
 
 
 def checkpoint_config(config: TrainerConfig) -> CheckpointConfig:

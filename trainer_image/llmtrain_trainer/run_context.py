@@ -10,15 +10,20 @@ by the Ray implementation, so the local launch never imports it.
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import shutil
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch.distributed as dist
 
 from llmtrain_trainer.distributed import WorkerEnv
 from llmtrain_trainer.rundir import complete_checkpoints
+
+if TYPE_CHECKING:
+    from llmtrain.api.trainer_config import TrainerConfig
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +75,26 @@ class RayRunContext:
         return Path(ray.train.get_context().get_storage().experiment_fs_path)
 
 
+SCORE_FILE = "val_loss.json"
+"""A checkpoint's validation loss, written by the launch without Ray when checkpoints are ranked by
+it (checkpoint.keepBest/exportBest): Ray's controller keeps that score in its own records."""
+
+
+def ranks_by_val_loss(config: TrainerConfig) -> bool:
+    """checkpoint.keepBest/exportBest in the builtin loop, whose every checkpoint carries a
+    val_loss; the huggingface trainer keeps its best through load_best_model_at_end instead."""
+    return config.trainer.type == "builtin" and (config.checkpoint.keep_best or config.checkpoint.export_best)
+
+
 class LocalRunContext:
     """A launch without Ray: the run directory is the only record, as it is for `llmtrain run`'s
-    messages. `keep` is checkpoint.keep, Ray's `num_to_keep` in the Ray launch."""
+    messages. `keep` is checkpoint.keep, Ray's `num_to_keep` in the Ray launch; `by_val_loss`
+    keeps the `keep` lowest validation losses and the latest instead of the newest, as Ray's
+    `checkpoint_score_attribute` does (`ranks_by_val_loss`)."""
 
-    def __init__(self, keep: int) -> None:
+    def __init__(self, keep: int, by_val_loss: bool = False) -> None:
         self.keep = keep
+        self.by_val_loss = by_val_loss
 
     def latest_checkpoint(self, run_dir: Path) -> Path | None:
         """The newest complete checkpoint; a torn one (no state file) never counts, and one that
@@ -89,6 +108,25 @@ class LocalRunContext:
         dist.barrier()
         if not env.is_main:
             return
-        for old in complete_checkpoints(directory.parent)[self.keep :]:
-            log.info("removing %s (checkpoint.keep is %d)", old.name, self.keep)
-            shutil.rmtree(old, ignore_errors=True)
+        if self.by_val_loss:
+            (directory / SCORE_FILE).write_text(json.dumps({"val_loss": metrics.get("val_loss", math.inf)}))
+        complete = complete_checkpoints(directory.parent)
+        kept = self._kept(complete)
+        for old in complete:
+            if old not in kept:
+                log.info("removing %s (checkpoint.keep is %d)", old.name, self.keep)
+                shutil.rmtree(old, ignore_errors=True)
+
+    def _kept(self, complete: list[Path]) -> set[Path]:
+        """Newest first in `complete`: the newest `keep`, or the latest and the `keep` best."""
+        if not self.by_val_loss:
+            return set(complete[: self.keep])
+        return {*complete[:1], *sorted(complete, key=_val_loss)[: self.keep]}
+
+
+def _val_loss(checkpoint: Path) -> float:
+    """A checkpoint's recorded validation loss; one without a record ranks last."""
+    try:
+        return float(json.loads((checkpoint / SCORE_FILE).read_text())["val_loss"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return math.inf

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from llmtrain.api.trainer_config import TrainerConfig
 from llmtrain_trainer.rundir import RESULT_FILE, RunResult, checkpoint_name, complete_checkpoints
@@ -85,3 +86,34 @@ def test_llmtrain_run_no_ray_trains_a_two_worker_job_with_torchrun(tmp_path: Pat
     assert done is not None and done.steps == 4 and done.world_size == 2
     assert [p.name for p in complete_checkpoints(run)] == [checkpoint_name(4)]
     assert (run / "logs" / "worker-1.log").exists() and (run / "summary.json").exists()
+
+
+@pytest.mark.usefixtures("one_process_group")
+def test_without_ray_checkpoints_ranked_by_validation_loss_keep_the_best_and_the_latest(
+    tmp_path: Path,
+) -> None:
+    """checkpoint.keepBest/exportBest: as Ray's checkpoint_score_attribute does, the `keep` lowest
+    validation losses stay, and the latest (a restart resumes from it); exportBest then finds the
+    best checkpoint's weights. Without ranking, the newest `keep` stay."""
+    import torch
+    from llmtrain_trainer.distributed import WorkerEnv
+    from llmtrain_trainer.run_context import LocalRunContext, ranks_by_val_loss
+
+    env = WorkerEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+
+    def run(context: LocalRunContext, losses: dict[int, float], folder: Path) -> list[int]:
+        folder.mkdir()
+        for step, val_loss in losses.items():
+            checkpoint = folder / checkpoint_name(step)
+            checkpoint.mkdir()
+            (checkpoint / "trainer_state.json").write_text("{}")  # complete
+            context.report_checkpoint(checkpoint, {"val_loss": val_loss}, env)
+        return sorted(int(p.name.rsplit("-", 1)[1]) for p in complete_checkpoints(folder))
+
+    losses = {2: 1.0, 4: 0.5, 6: 0.7, 8: 0.9, 10: 1.2}
+    assert run(LocalRunContext(2, by_val_loss=True), losses, tmp_path / "best") == [4, 6, 10]
+    assert run(LocalRunContext(2), losses, tmp_path / "newest") == [8, 10]
+    config = tiny_config(
+        tmp_path, "ranked", checkpoint={"exportBest": True}, dataset={"validationSplit": 0.2}
+    )
+    assert ranks_by_val_loss(config) and not ranks_by_val_loss(tiny_config(tmp_path, "plain"))
