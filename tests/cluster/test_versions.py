@@ -53,7 +53,8 @@ def _set_versions(cluster: Cluster, versions: list[dict[str, Any]]) -> None:
     refresh kubectl's discovery cache (`api-resources` rereads it), or a later `kubectl get llmtj`
     in this session would still ask for a version no longer served."""
     patch = [{"op": "replace", "path": "/spec/versions", "value": versions}]
-    cluster.kubectl("patch", "crd", CRD, "--type=json", "-p", json.dumps(patch))
+    # On stdin: the versions carry the whole schema, past the kernel's limit on one argument (128 KiB).
+    cluster.kubectl("patch", "crd", CRD, "--type=json", "--patch-file=/dev/stdin", input=json.dumps(patch))
     served = sorted(v["name"] for v in versions if v.get("served"))
 
     def discovered() -> bool:
