@@ -141,13 +141,13 @@ def test_ddp_strategy_trains_and_validates_on_the_chunked_loss(
     assert evaluated == pytest.approx(whole, rel=1e-6)
 
 
-def _fsdp_rank(rank: int, tmp_path: Path) -> None:
-    """One of two gloo processes: FSDP2 (tied embeddings sharded at the root), both loss paths."""
+def _fsdp_rank(rank: int, tmp_path: Path, config: Any) -> None:
+    """One of two gloo processes: FSDP2 (tied embeddings sharded at the root), both loss paths.
+    The config (and its files) is made once, by the parent: two ranks writing it raced."""
     from llmtrain_trainer.strategies.fsdp import FsdpStrategy
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=rank, world_size=2)
     try:
-        config = tiny_config(tmp_path, "fsdp-chunks")
         assert config.model.config is not None and config.model.config["tie_word_embeddings"]
         strategy = FsdpStrategy(
             config, WorkerEnv(rank=rank, world_size=2, local_rank=rank, device=CPU), total_steps=1
@@ -166,6 +166,7 @@ def _fsdp_rank(rank: int, tmp_path: Path) -> None:
         results["max_grad"] = max(float(g.abs().max()) for g in whole_grads.values())
         results["names"] = sorted(whole_grads)
         (tmp_path / f"rank-{rank}.json").write_text(json.dumps(results))
+        dist.barrier()  # neither rank tears gloo down while the other still talks to it
     finally:
         dist.destroy_process_group()
 
@@ -173,7 +174,7 @@ def _fsdp_rank(rank: int, tmp_path: Path) -> None:
 def test_fsdp2_over_two_ranks_gives_the_whole_logits_gradients(tmp_path: Path) -> None:
     import torch.multiprocessing as mp
 
-    mp.spawn(_fsdp_rank, args=(tmp_path,), nprocs=2, join=True)
+    mp.spawn(_fsdp_rank, args=(tmp_path, tiny_config(tmp_path, "fsdp-chunks")), nprocs=2, join=True)
     for rank in range(2):
         result = json.loads((tmp_path / f"rank-{rank}.json").read_text())
         whole, chunked = result["losses"]
