@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tests.support.cluster.processes import free_port
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "hack" / "tools"))
 import build_tools as tools  # noqa: E402
@@ -69,20 +71,13 @@ class S3Server:
         return sorted(i.path.removeprefix(bucket + "/") for i in found if i.type == fs.FileType.File)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @contextmanager
 def versitygw(folder: Path, timeout: float = 60.0) -> Iterator[S3Server]:
     """versitygw's posix backend on `folder`/data, listening on 127.0.0.1 only."""
     binary = tools.ensure("versitygw") / "versitygw"
     data = folder / "data"
     data.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     access_log = folder / "access.log"
     command = [str(binary), "--access", ACCESS_KEY, "--secret", SECRET_KEY, "--region", REGION]
     command += ["--access-log", str(access_log), "--quiet"]

@@ -97,14 +97,17 @@ class Strategy(abc.ABC):
 
         Packed examples come with `position_ids` and no attention mask: the model then keeps
         attention inside each example (see `data.collate`)."""
-        output = self.model(
+        logits: torch.Tensor = self._call(batch).logits
+        return logits
+
+    def _call(self, batch: dict[str, torch.Tensor]) -> Any:
+        """The model's forward on a micro-batch (inputs, mask, positions; no KV cache)."""
+        return self.model(
             input_ids=batch["input_ids"],
             attention_mask=batch.get("attention_mask"),
             position_ids=batch.get("position_ids"),
             use_cache=False,
         )
-        logits: torch.Tensor = output.logits
-        return logits
 
     def loss_sum(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Summed next-token loss of a micro-batch already on the device (`loss.token_loss_sum`).
@@ -116,13 +119,7 @@ class Strategy(abc.ABC):
         if lm is None:
             return token_loss_sum(self.forward(batch), batch["labels"])
         with head_loss_forward(lm, batch["labels"], self.loss_chunk_tokens):
-            output = self.model(
-                input_ids=batch["input_ids"],
-                attention_mask=batch.get("attention_mask"),
-                position_ids=batch.get("position_ids"),
-                use_cache=False,
-            )
-        loss: torch.Tensor = output.loss
+            loss: torch.Tensor = self._call(batch).loss
         return loss
 
     def forward_backward(
