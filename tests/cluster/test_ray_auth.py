@@ -42,7 +42,7 @@ def _auth_path(crd: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 
 @pytest.fixture
-def rayjob_crd_without_auth(cluster: Cluster, platform: str) -> Iterator[None]:
+def rayjob_crd_without_auth(cluster: Cluster, platform: str, namespace: str) -> Iterator[None]:
     crd = get(cluster, "crd", CRD)
     assert crd is not None
     path, schema = _auth_path(crd)
@@ -58,6 +58,22 @@ def rayjob_crd_without_auth(cluster: Cluster, platform: str) -> Iterator[None]:
             "-p",
             json.dumps([{"op": "add", "path": path, "value": schema}]),
         )
+        # The API server serves a changed CRD after a moment: the next test's RayJobs must keep
+        # authOptions (a CI run lost it in the test that ran next).
+        wait_for(lambda: not _prunes_auth(cluster, namespace), what="authOptions served again")
+
+
+def _prunes_auth(cluster: Cluster, namespace: str) -> bool:
+    """Whether the API server, as it serves the RayJob CRD now, drops authOptions on create."""
+    (probe,) = [
+        o for o in render(parse_job(cpu_job("probe", namespace, suspend=True))) if o["kind"] == "RayJob"
+    ]
+    probe["metadata"].pop("ownerReferences", None)
+    assert probe["spec"]["rayClusterSpec"]["authOptions"] == {"mode": "token"}
+    # --validate=false: kubectl's default (Strict) refuses what the API server would prune.
+    args = ("create", "--dry-run=server", "--validate=false", "-n", namespace, "-o", "json", "-f", "-")
+    dry = cluster.kubectl(*args, input=json.dumps(probe))
+    return "authOptions" not in json.loads(dry.stdout)["spec"]["rayClusterSpec"]
 
 
 @pytest.mark.usefixtures("jobs_deleted_first", "rayjob_crd_without_auth")
@@ -65,19 +81,7 @@ def test_a_rayjob_stored_without_auth_is_stopped_and_the_job_fails_naming_kubera
     cluster: Cluster, operator: OperatorProcess, namespace: str
 ) -> None:
     # The API server prunes the field from now on (a changed CRD is served after a moment).
-    (probe,) = [
-        o for o in render(parse_job(cpu_job("probe", namespace, suspend=True))) if o["kind"] == "RayJob"
-    ]
-    probe["metadata"].pop("ownerReferences", None)
-    assert probe["spec"]["rayClusterSpec"]["authOptions"] == {"mode": "token"}
-
-    def pruned() -> bool:
-        # --validate=false: kubectl's default (Strict) refuses what the API server would prune.
-        args = ("create", "--dry-run=server", "--validate=false", "-n", namespace, "-o", "json", "-f", "-")
-        dry = cluster.kubectl(*args, input=json.dumps(probe))
-        return "authOptions" not in json.loads(dry.stdout)["spec"]["rayClusterSpec"]
-
-    wait_for(pruned, what="authOptions pruned by the API server")
+    wait_for(lambda: _prunes_auth(cluster, namespace), what="authOptions pruned by the API server")
 
     apply_doc(cluster, cpu_job("open", namespace))
     status = wait_phase(cluster, namespace, "open", "Failed")
