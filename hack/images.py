@@ -238,6 +238,53 @@ def _quiet(cmd: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, check=False)
 
 
+# `buildah build --layers` ends each step with `--> ID` (committed) or `--> Using cache FULL-ID`.
+_STEP_IMAGE = re.compile(r"^--> (?:Using cache )?([0-9a-f]{11,64})\s*$", re.M)
+
+
+def step_images(build_output: str) -> list[str]:
+    """The step images a layered build made or reused, in build order, as 11-digit ID prefixes
+    (buildah prints committed IDs that short): the layer cache the next build may use."""
+    return list(dict.fromkeys(found[:11] for found in _STEP_IMAGE.findall(build_output)))
+
+
+def build_teed(cmd: list[str], cwd: Path) -> str:
+    """Run a build, printing its output as it comes and returning it (for `step_images`)."""
+    print("+", shlex.join(cmd), flush=True)
+    lines: list[str] = []
+    with subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+            lines.append(line)
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, cmd, "".join(lines[-50:]))
+    return "".join(lines)
+
+
+def superseded(previous: list[str], current: list[str], kept: set[str]) -> list[str]:
+    """The previous build's step images that neither this build nor another image's build uses,
+    children before parents (an image with a child left cannot be removed)."""
+    return [image for image in reversed(previous) if image not in current and image not in kept]
+
+
+def prune_step_images(images: list[str]) -> list[str]:
+    """Remove superseded step images from buildah's storage, so that a long-lived machine keeps one
+    layer cache per image instead of one per dependency change (each several GB for the trainer).
+    Tagged images are never removed. Returns what was removed."""
+    listing = _quiet(["buildah", "images", "--all", "--no-trunc", "--format", "{{.ID}} {{.Name}}"]).stdout
+    tagged = {
+        line.split()[0].removeprefix("sha256:")[:11]
+        for line in listing.splitlines()
+        if line.split()[1:] != ["<none>"]
+    }
+    removed = []
+    for image in images:
+        if image not in tagged and _quiet(["buildah", "rmi", image]).returncode == 0:
+            removed.append(image)
+    return removed
+
+
 def ensure_host_tools() -> None:
     """buildah and mmdebstrap are Debian packages: install them as root when missing."""
     missing = [p for p in HOST_PACKAGES if not shutil.which(p)]
@@ -393,22 +440,35 @@ def _build(name: str, key: str) -> Path:
     local = f"localhost/llmtrain/{name}:{key}"
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
-        _run(
+        output = build_teed(
             ["nice", "-n", "10", "buildah", "build", "--layers", "--isolation", "chroot", "--pull=never",
              "--force-rm", "-f", image.dockerfile, "-t", local, *_trust_volumes(Path(tmp)),
              *(arg for k, v in args.items() for arg in ("--build-arg", f"{k}={v}")), "."],
             cwd=REPO_ROOT,
         )  # fmt: skip
     built = time.monotonic() - started
+    steps = step_images(output)
     archive = archive_path(name, key)
     _push(local, archive, ref(name, key))
+    previous: list[str] = []
     for old in images_dir().glob(f"{name}-*.tar"):
         if old != archive:
+            with contextlib.suppress(OSError, ValueError):
+                previous += json.loads(_metadata_path(old).read_text()).get("step_images", [])
             old.unlink()
             _metadata_path(old).unlink(missing_ok=True)
     for line in _quiet(["buildah", "images", "--format", "{{.Name}}:{{.Tag}}"]).stdout.split():
         if line.startswith(f"localhost/llmtrain/{name}:") and line != local:
             _quiet(["buildah", "rmi", line])
+    kept = {
+        step
+        for other in images_dir().glob("*.json")
+        if not other.name.startswith(f"{name}-")
+        for step in json.loads(other.read_text()).get("step_images", [])
+    }
+    pruned = prune_step_images(superseded(previous, steps, kept))
+    if pruned:
+        print(f"{name}: removed {len(pruned)} superseded step images from buildah's storage", flush=True)
     record = {
         "ref": ref(name, key),
         "local": local,
@@ -417,6 +477,7 @@ def _build(name: str, key: str) -> Path:
         "build_seconds": round(built, 1),
         "archive_seconds": round(time.monotonic() - started - built, 1),
         "build_args": args,
+        "step_images": steps,
     }
     _metadata_path(archive).write_text(json.dumps(record, indent=2) + "\n")
     return archive
