@@ -1,0 +1,146 @@
+"""checkpoint.pushToHub against a stand-in for the Hugging Face Hub (tests/support/fake_hub.py).
+
+There is no network to huggingface.co here, so the push is tested up to the request: a server on
+127.0.0.1 implements the few Hub endpoints huggingface_hub's create_repo / create_branch /
+upload_folder call and records what it receives. The tests check the token header, the repository
+and its visibility, that the committed files are the export byte for byte, that a 5xx answer is
+retried, and that a second call (a retry of the finished job) commits nothing. Whether the real Hub
+accepts the same requests is not tested.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from llmtrain.api.hub import HUB_ENDPOINT_ENV, HUB_TOKEN_ENV
+from llmtrain.api.trainer_config import TrainerConfig
+from llmtrain_trainer.hubpush import HUB_PUSHED_FILE, HubPushError, push_to_hub
+
+from tests.support.fake_hub import FakeHub, fake_hub
+from tests.support.trainer import tiny_config
+
+TOKEN = "hf_stand_in_write_token"
+EXPORT = {
+    "config.json": b'{"model_type": "llama"}',
+    "model.safetensors": bytes(range(256)) * 4,
+    "tokenizer/tokenizer.json": b'{"version": "1.0"}',
+}
+
+
+@pytest.fixture
+def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
+    """The stand-in Hub, named by HF_ENDPOINT. huggingface_hub read HF_ENDPOINT when first imported
+    and sends a few requests of its own there (its agent-harness registry, fetched when it builds
+    a user agent): the registry is set empty and the import-time endpoint is the stand-in's too,
+    so that nothing leaves 127.0.0.1 whatever imported huggingface_hub first."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import _detect_agent
+
+    with fake_hub() as server:
+        monkeypatch.setattr(_detect_agent, "_registry", {"standardEnvVars": [], "harnesses": {}})
+        monkeypatch.setattr(constants, "ENDPOINT", server.endpoint)
+        monkeypatch.setenv(HUB_ENDPOINT_ENV, server.endpoint)
+        monkeypatch.setenv(HUB_TOKEN_ENV, TOKEN)
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        yield server
+
+
+def _exported(tmp_path: Path, **push: object) -> TrainerConfig:
+    """A finished run's export folder, and its config pushing it to my-org/tiny-sft."""
+    target = {"repoId": "my-org/tiny-sft", "tokenSecretRef": {"name": "hub", "key": "token"}, **push}
+    config = tiny_config(tmp_path / "runs", "push", checkpoint={"export": True, "pushToHub": target})
+    for name, data in EXPORT.items():
+        path = Path(config.export_dir) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return config
+
+
+def test_the_export_lands_in_one_commit_after_a_refused_attempt(hub: FakeHub, tmp_path: Path) -> None:
+    """The first create_repo is answered 503; the retry commits the whole export with the token from
+    LLMTRAIN_HUB_TOKEN. A second call returns the recorded commit and sends nothing."""
+    config = _exported(tmp_path)
+    hub.fail("/api/repos/create", 503)
+    pauses: list[float] = []
+
+    url = push_to_hub(config, sleep=pauses.append)
+
+    assert pauses == [2.0]
+    repo = hub.repos["my-org/tiny-sft"]
+    assert repo.private
+    assert repo.branches["main"] == EXPORT
+    ((branch, sha, summary),) = repo.commits
+    assert (branch, summary) == ("main", "llmtrain: export of run push")
+    assert url == f"{hub.endpoint}/my-org/tiny-sft/commit/{sha}"
+    paths = [r.path for r in hub.requests]
+    assert paths == [
+        "/api/repos/create",
+        "/api/repos/create",
+        "/api/models/my-org/tiny-sft/preupload/main",
+        "/api/models/my-org/tiny-sft/commit/main",
+    ]
+    assert {r.authorization for r in hub.requests} == {f"Bearer {TOKEN}"}
+    assert paths.count("/api/models/my-org/tiny-sft/commit/main") == 1
+    assert paths.count("/api/repos/create") == 2  # the refused one, the retry
+    marker = json.loads((Path(config.run_dir) / HUB_PUSHED_FILE).read_text())
+    assert (marker["repo_id"], marker["revision"], marker["commit_url"]) == ("my-org/tiny-sft", "main", url)
+
+    sent = len(hub.requests)
+    assert push_to_hub(config, sleep=pauses.append) == url
+    assert len(hub.requests) == sent
+    assert len(repo.commits) == 1
+
+
+def test_a_branch_is_created_and_committed_to_and_a_new_target_pushes_again(
+    hub: FakeHub, tmp_path: Path
+) -> None:
+    """checkpoint.pushToHub.revision: the branch is created from main and receives the commit;
+    main stays empty. The marker is for one repository and branch: another one pushes again."""
+    first = _exported(tmp_path, revision="run-1", private=False)
+    url = push_to_hub(first, sleep=lambda _: None)
+    assert url is not None
+    repo = hub.repos["my-org/tiny-sft"]
+    assert not repo.private
+    assert repo.branches == {"main": {}, "run-1": EXPORT}
+    assert [c[0] for c in repo.commits] == ["run-1"]
+
+    moved = first.model_copy(
+        update={
+            "checkpoint": first.checkpoint.model_copy(
+                update={"push_to_hub": first.checkpoint.push_to_hub.model_copy(update={"revision": None})}  # type: ignore[union-attr]
+            )
+        }
+    )
+    assert push_to_hub(moved, sleep=lambda _: None) != url
+    assert repo.branches["main"] == EXPORT
+    assert [c[0] for c in repo.commits] == ["run-1", "main"]
+
+
+def test_the_push_gives_up_after_its_attempts_naming_the_repository(hub: FakeHub, tmp_path: Path) -> None:
+    config = _exported(tmp_path)
+    for _ in range(3):
+        hub.fail("/api/repos/create", 500)
+    pauses: list[float] = []
+    with pytest.raises(HubPushError, match=r"Hub repository my-org/tiny-sft failed 3 times: .*500"):
+        push_to_hub(config, attempts=3, sleep=pauses.append)
+    assert pauses == [2.0, 4.0]
+    assert not (Path(config.run_dir) / HUB_PUSHED_FILE).exists()
+    assert hub.repos == {}
+
+
+def test_no_export_is_an_error_and_no_push_target_is_nothing(hub: FakeHub, tmp_path: Path) -> None:
+    config = tiny_config(
+        tmp_path / "runs",
+        "none",
+        checkpoint={
+            "export": True,
+            "pushToHub": {"repoId": "o/r", "tokenSecretRef": {"name": "hub", "key": "t"}},
+        },
+    )
+    with pytest.raises(HubPushError, match=r"checkpoint.pushToHub o/r: there is no export in"):
+        push_to_hub(config)
+    assert push_to_hub(tiny_config(tmp_path / "runs", "plain")) is None
+    assert hub.requests == []
