@@ -144,3 +144,29 @@ def test_no_export_is_an_error_and_no_push_target_is_nothing(hub: FakeHub, tmp_p
         push_to_hub(config)
     assert push_to_hub(tiny_config(tmp_path / "runs", "plain")) is None
     assert hub.requests == []
+
+
+def test_the_driver_pushes_to_the_hub_when_the_object_store_copy_failed_and_fails_the_job(
+    hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """main.publish_export: the s3 copy fails (its own tests use a real S3 server; here it is made
+    to raise), the Hub push still happens and its commit is reported; the driver exits 1 with the
+    copy's reason as the root cause, so the job does not end as a silent success."""
+    from llmtrain_trainer import main
+    from llmtrain_trainer.objstore import ObjectStoreError
+
+    config = _exported(tmp_path)
+
+    def refused(_: TrainerConfig) -> str:
+        raise ObjectStoreError("pushing the export to s3://models/tiny failed 4 times: refused")
+
+    reported: list[tuple[str | None, str | None]] = []
+    failures: list[str] = []
+    monkeypatch.setattr(main, "push_export", refused)
+    monkeypatch.setattr(main, "report_export", lambda _c, uri, commit: reported.append((uri, commit)))
+    monkeypatch.setattr(main, "report_failure", lambda _c, cause: failures.append(cause))
+
+    assert main.publish_export(config, None) == 1
+    ((_, sha, _),) = hub.repos["my-org/tiny-sft"].commits
+    assert reported == [(None, f"{hub.endpoint}/my-org/tiny-sft/commit/{sha}")]
+    assert failures == ["pushing the export to s3://models/tiny failed 4 times: refused"]
