@@ -63,12 +63,13 @@ def _upload(spec: HubPushSpec, export: Path, run_name: str) -> str:
 
 def push_to_hub(
     config: TrainerConfig,
-    attempts: int = PUSH_ATTEMPTS,
+    attempts: int | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> str | None:
     """Upload the finished export to checkpoint.pushToHub once; the commit's URL, or None when
     there is nothing to push. Retries with a growing pause; raises HubPushError when every attempt
     failed (the export stays where it is, and a later call tries again)."""
+    attempts = attempts or PUSH_ATTEMPTS  # read at call time: tests of the callers lower it
     spec = config.checkpoint.push_to_hub
     export = Path(config.export_dir)
     if spec is None or not config.checkpoint.export:

@@ -170,3 +170,27 @@ def test_the_driver_pushes_to_the_hub_when_the_object_store_copy_failed_and_fail
     ((_, sha, _),) = hub.repos["my-org/tiny-sft"].commits
     assert reported == [(None, f"{hub.endpoint}/my-org/tiny-sft/commit/{sha}")]
     assert failures == ["pushing the export to s3://models/tiny failed 4 times: refused"]
+
+
+def test_llmtrain_run_says_where_the_export_went_and_fails_when_the_hub_refuses(
+    hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`llmtrain run`'s end (local._push): the commit's URL on the console and exit 0; when every
+    attempt is refused, the reason (naming the repository) and exit 1."""
+    import io
+
+    from llmtrain_trainer import hubpush, local
+    from rich.console import Console
+
+    config = _exported(tmp_path)
+    console = Console(file=(shown := io.StringIO()), width=400)
+    assert local._push(console, config) == 0
+    ((_, sha, _),) = hub.repos["my-org/tiny-sft"].commits
+    assert f"Export pushed to the Hub: {hub.endpoint}/my-org/tiny-sft/commit/{sha}" in shown.getvalue()
+
+    other = _exported(tmp_path / "other", repoId="my-org/refused")
+    monkeypatch.setattr(hubpush, "PUSH_ATTEMPTS", 1)  # no pauses
+    hub.fail("/api/repos/create", 500)
+    console = Console(file=(shown := io.StringIO()), width=400)
+    assert local._push(console, other) == 1
+    assert "pushing the export to the Hub repository my-org/refused failed" in shown.getvalue()
