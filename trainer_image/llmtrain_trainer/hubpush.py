@@ -3,7 +3,10 @@
 The driver (or `llmtrain run`) calls `push_to_hub` once the run has finished and its export is
 complete, after the checkpoint.exportTo copy. It creates the repository if missing
 (`HfApi.create_repo(exist_ok=True)`), the branch when one is named, and uploads the export folder
-as one commit (`HfApi.upload_folder`), retrying the whole sequence a few times with a growing pause.
+as one commit (`HfApi.upload_folder`), retrying the whole sequence a few times with a growing pause
+(huggingface_hub itself retries a 5xx answer to the preupload and commit requests, not to
+create_repo or create_branch, and not a connection refused: this loop covers those and an outage
+longer than its backoff). A commit whose answer was lost may be made twice; the content is the same.
 A marker in the run directory (HUB_PUSHED_FILE, written only after the Hub answered the commit)
 makes it happen once: a RayJob retry of the finished job, or `llmtrain run` again, returns the
 recorded commit instead of committing again.
