@@ -85,14 +85,14 @@ def push_to_hub(
             return str(recorded["commit_url"])
     if not export.is_dir():
         raise HubPushError(f"checkpoint.pushToHub {spec.repo_id}: there is no export in {export}")
-    import httpx  # huggingface_hub's transport
+    import httpx2  # huggingface_hub's transport (a fork of httpx; httpx's errors are not its)
     from huggingface_hub.errors import HfHubHTTPError
 
     error: Exception | None = None
     for attempt in range(1, attempts + 1):
         try:
             url = _upload(spec, export, config.run_name)
-        except (HfHubHTTPError, httpx.HTTPError, OSError, ValueError) as exc:
+        except (HfHubHTTPError, httpx2.HTTPError, OSError, ValueError) as exc:
             error = exc  # an HTTP error answer, a connection failure, a malformed answer
         else:
             record = {**_target(spec), "commit_url": url, "time": time.time()}

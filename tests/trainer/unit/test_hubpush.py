@@ -131,6 +131,20 @@ def test_the_push_gives_up_after_its_attempts_naming_the_repository(hub: FakeHub
     assert hub.repos == {}
 
 
+def test_a_hub_that_refuses_connections_is_a_push_error(
+    hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing listening at HF_ENDPOINT: the transport's error is caught, retried and reported
+    like an HTTP error answer, not raised past the driver."""
+    from tests.support.cluster.processes import free_port
+
+    monkeypatch.setenv(HUB_ENDPOINT_ENV, f"http://127.0.0.1:{free_port()}")
+    pauses: list[float] = []
+    with pytest.raises(HubPushError, match=r"Hub repository my-org/tiny-sft failed 2 times"):
+        push_to_hub(_exported(tmp_path), attempts=2, sleep=pauses.append)
+    assert pauses == [2.0]
+
+
 def test_no_export_is_an_error_and_no_push_target_is_nothing(hub: FakeHub, tmp_path: Path) -> None:
     config = tiny_config(
         tmp_path / "runs",
