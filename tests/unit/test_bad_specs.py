@@ -415,6 +415,29 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
         True,
     ),
     (
+        "push-to-hub-without-export",
+        spec(
+            "checkpoint",
+            {"export": False, "pushToHub": {"repoId": "o/r", "tokenSecretRef": {"name": "hub", "key": "t"}}},
+        ),
+        "checkpoint.pushToHub uploads the export: it needs checkpoint.export: true",
+        True,
+    ),
+    (
+        "push-to-hub-inline-token",
+        spec("checkpoint", {"pushToHub": {"repoId": "o/r", "tokenSecretRef": "hf_0123456789"}}),
+        "checkpoint.pushToHub.tokenSecretRef",
+        True,
+    ),
+    (
+        "push-to-hub-repo-without-namespace",
+        spec(
+            "checkpoint", {"pushToHub": {"repoId": "tiny-sft", "tokenSecretRef": {"name": "h", "key": "t"}}}
+        ),
+        "checkpoint.pushToHub.repoId",
+        True,
+    ),
+    (
         "object-storage-inline-key",
         spec(
             "objectStorage",

@@ -469,6 +469,11 @@ CASES[_rule("checkpoint.exportTo copies the export")] = [
     ({"export": True, "exportTo": "s3://m/a"}, {"export": False, "exportTo": "s3://m/a"}, None),
     ({"export": False}, {"export": False, "exportTo": "gs://m/a"}, None),
 ]
+_HUB = {"repoId": "o/r", "tokenSecretRef": {"name": "hub", "key": "t"}}
+CASES[_rule("checkpoint.pushToHub uploads the export")] = [
+    ({"export": True, "pushToHub": _HUB}, {"export": False, "pushToHub": _HUB}, None),
+    ({"pushToHub": _HUB}, {"export": False, "exportTo": "gs://m/a", "pushToHub": _HUB}, None),
+]
 
 
 def _rules(schema: dict[str, Any]) -> Iterator[str]:

@@ -706,3 +706,25 @@ def test_object_storage_credentials_reach_head_and_workers_as_secret_references(
     config = TrainerConfig.model_validate_json(objects["ConfigMap"]["data"][CONFIG_FILENAME])
     assert config.dataset.path == "s3://corpus/tiny.txt"
     assert config.checkpoint.export_to == "s3://models/tiny"
+
+
+def test_the_hub_push_token_reaches_every_pod_as_a_secret_reference_beside_hf_token() -> None:
+    """checkpoint.pushToHub's token becomes LLMTRAIN_HUB_TOKEN through secretKeyRef in every Ray
+    container, beside (not instead of) model.hfTokenSecretRef's HF_TOKEN, and counts among the
+    Secrets `llmtrain submit` checks against the namespace's allowed-secrets list."""
+    from llmtrain.advice import secrets_reaching_pods
+
+    push = {"repoId": "my-org/tiny-sft", "tokenSecretRef": {"name": "hub-write", "key": "token"}}
+    doc = _gpu_job(checkpoint={"pushToHub": push})
+    objects = _by_kind(render(_job(doc)))
+    for pod in pods(objects["RayJob"]):
+        env = env_of(pod)
+        assert env["LLMTRAIN_HUB_TOKEN"] == {
+            "name": "LLMTRAIN_HUB_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": "hub-write", "key": "token"}},
+        }
+        assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "hf"
+    assert "hub-write" in secrets_reaching_pods(list(objects.values()))
+    config = TrainerConfig.model_validate_json(objects["ConfigMap"]["data"][CONFIG_FILENAME])
+    assert config.checkpoint.push_to_hub is not None
+    assert config.checkpoint.push_to_hub.repo_id == "my-org/tiny-sft"

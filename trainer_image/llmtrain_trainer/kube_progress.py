@@ -234,11 +234,20 @@ def report_failure(config: TrainerConfig, root_cause: str, flush_timeout: float 
         sink.close(flush_timeout)
 
 
-def report_export(config: TrainerConfig, uri: str, flush_timeout: float = 10.0) -> None:
-    """From the driver: put the URI the export was pushed to into status.progress.exportedTo."""
+def report_export(
+    config: TrainerConfig,
+    uri: str | None = None,
+    hub_commit: str | None = None,
+    flush_timeout: float = 10.0,
+) -> None:
+    """From the driver: where the export went, in status.progress.exportedTo (the object-store
+    URI) and status.progress.pushedToHub (the Hub commit's URL); a None leaves its field alone."""
     if not config.progress.report_to_kubernetes:
+        return
+    fields = {k: v for k, v in {"exported_to": uri, "pushed_to_hub": hub_commit}.items() if v is not None}
+    if not fields:
         return
     sink = kubernetes_sink(config)
     if sink is not None:
-        sink.report(exported_to=uri)
+        sink.report(**fields)
         sink.close(flush_timeout)

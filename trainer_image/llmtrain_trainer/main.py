@@ -21,6 +21,7 @@ from llmtrain.api.trainer_config import TrainerConfig
 from llmtrain.constants import RAY_VERSION_ENV
 
 from llmtrain_trainer.config import DEFAULT_CONFIG_PATH, ConfigError, load_current_config
+from llmtrain_trainer.hubpush import HubPushError, push_to_hub
 from llmtrain_trainer.kube_progress import report_export, report_failure
 from llmtrain_trainer.lifecycle import LoopOptions
 from llmtrain_trainer.loop import loop_config, train_loop_per_worker
@@ -202,16 +203,28 @@ def _run(config: TrainerConfig, handler: RunLogHandler | None) -> int:
 
 
 def publish_export(config: TrainerConfig, handler: RunLogHandler | None) -> int:
-    """Push the finished export to checkpoint.exportTo (once, retried) and report where it went."""
+    """Push the finished export to checkpoint.exportTo and checkpoint.pushToHub (each once,
+    retried) and report where it went. Each destination is tried even when the other failed, and
+    what succeeded is reported; a failure fails the driver with the reason in status.progress.error
+    (the trained export stays on the shared storage; a retry of the job pushes again, without
+    training again, and skips the destination already done)."""
+    errors: list[str] = []
+    uri = hub_commit = None
     try:
         uri = push_export(config)
     except ObjectStoreError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        note(handler, f"{PROG}: error: {exc}")
-        report_failure(config, str(exc))
+        errors.append(str(exc))
+    try:
+        hub_commit = push_to_hub(config)
+    except HubPushError as exc:
+        errors.append(str(exc))
+    report_export(config, uri, hub_commit)
+    if errors:
+        message = "; ".join(errors)
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        note(handler, f"{PROG}: error: {message}")
+        report_failure(config, message)
         return 1
-    if uri is not None:
-        report_export(config, uri)
     return 0
 
 

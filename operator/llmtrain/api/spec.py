@@ -27,6 +27,7 @@ from llmtrain.api.base import (
     immutable,
     metadata_keys_rule,
 )
+from llmtrain.api.hub import HubPushSpec
 from llmtrain.api.object_storage import OBJECT_URI, OBJECT_URI_CEL, ObjectStorageSpec
 from llmtrain.api.pod_template import PodTemplateOverlay
 from llmtrain.api.tracking import TrackingSpec
@@ -413,6 +414,11 @@ class CheckpointSpec(ApiModel):
                     "checkpoint.exportTo copies the export: it needs checkpoint.export: true",
                     ".exportTo",
                 ),
+                cel(
+                    "!has(self.pushToHub) || !has(self.export) || self.export",
+                    "checkpoint.pushToHub uploads the export: it needs checkpoint.export: true",
+                    ".pushToHub",
+                ),
             ]
         }
     )
@@ -440,6 +446,14 @@ class CheckpointSpec(ApiModel):
         description="Also copy the export, once it is complete, to this object-store prefix "
         "(s3://bucket/prefix; needs spec.objectStorage). Retried a few times; the result shows in "
         "status.progress.exportedTo (or status.progress.error).",
+    )
+    push_to_hub: HubPushSpec | None = Field(
+        default=None,
+        description="Also upload the export, once it is complete, to a Hugging Face Hub model "
+        "repository (one commit). Retried a few times; the commit's URL shows in "
+        "status.progress.pushedToHub. A push that still fails fails the job with the reason in "
+        "status.progress.error; the export stays on the shared storage and a retry pushes again "
+        "without training again.",
     )
     keep_best: bool = Field(
         default=False,

@@ -74,6 +74,12 @@ class Progress(ApiModel):
         description="The object-store URI the finished export was copied to (checkpoint.exportTo); "
         "a failed copy shows in error instead.",
     )
+    pushed_to_hub: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="The Hub commit the finished export was uploaded in (checkpoint.pushToHub), as "
+        "its URL (<endpoint>/<repo>/commit/<sha>); a failed push shows in error instead.",
+    )
     updated_at: str | None = Field(default=None, description="When the trainer last reported (RFC 3339).")
     notices: list[Annotated[str, Field(max_length=NOTICE_MAX_LENGTH)]] | None = Field(
         default=None,

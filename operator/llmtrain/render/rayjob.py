@@ -94,6 +94,8 @@ def _env(job: LLMTrainingJob, images: ImageSettings, uses_gpu: bool) -> list[dic
     if spec.object_storage is not None:  # the s3:// URIs' store: pyarrow reads these variables
         secrets.update(spec.object_storage.secret_env())
         plain.update(spec.object_storage.plain_env())
+    if spec.checkpoint.push_to_hub is not None:  # the Hub push's write token
+        secrets.update(spec.checkpoint.push_to_hub.secret_env())
     user = container_env(spec.network, uses_gpu)
     chosen = {var["name"] for var in user}  # network.env wins over the derived references
     env.extend({"name": name, "value": value} for name, value in plain.items() if name not in chosen)

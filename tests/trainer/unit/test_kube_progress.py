@@ -121,3 +121,29 @@ def test_the_pushed_exports_uri_reaches_status_progress_exported_to(
     progress = body["status"]["progress"]
     assert progress.pop("updatedAt")
     assert progress == {"exportedTo": "s3://models/tiny/v1"}
+
+
+def test_the_hub_commit_reaches_status_progress_pushed_to_hub_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """checkpoint.pushToHub's result: status.progress.pushedToHub, and exportedTo left alone (a
+    merge patch without it keeps what an earlier attempt reported)."""
+    from tests.support.trainer import tiny_config
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _BodyServer)
+    _BodyServer.bodies = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    commit = "https://huggingface.co/my-org/tiny/commit/0123abcd"
+    try:
+        monkeypatch.setenv(kube_progress.API_SERVER_ENV, f"http://127.0.0.1:{server.server_address[1]}")
+        monkeypatch.setenv(kube_progress.API_TOKEN_ENV, "t")
+        config = tiny_config(tmp_path, "push", progress={"reportToKubernetes": True})
+        kube_progress.report_export(config, hub_commit=commit, flush_timeout=5)
+        kube_progress.report_export(config, flush_timeout=5)  # nothing pushed: no patch at all
+    finally:
+        server.shutdown()
+        server.server_close()
+    (body,) = _BodyServer.bodies
+    progress = body["status"]["progress"]
+    assert progress.pop("updatedAt")
+    assert progress == {"pushedToHub": commit}
