@@ -6,11 +6,14 @@ bf16 here as a GPU's would be."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from llmtrain import memory
+from llmtrain_trainer import model as models
 from llmtrain_trainer.distributed import WorkerEnv
 from llmtrain_trainer.strategies import make_strategy
 from llmtrain_trainer.strategies.base import Strategy
@@ -38,6 +41,7 @@ def _strategy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, pretra
     config = tiny_config(
         tmp_path,
         f"lora-{kind}",
+        scaling={"numWorkers": 1},
         method=LORA,
         strategy={"type": kind},
         training={"precision": "bf16", "learningRate": 0.01, "warmupRatio": 0.0},
@@ -75,6 +79,13 @@ def test_the_frozen_base_is_bf16_without_gradients_or_optimizer_state(
         assert torch.equal(_local(base[q]).detach(), expected)
     else:
         assert all(_local(p).abs().sum() > 0 for name, p in base.items() if name.endswith("weight"))
+    # The estimate's parameter bytes (as on a GPU in bf16) are what the strategy holds.
+    plan = dataclasses.replace(memory.Plan.of_trainer(strategy.config), on_gpu=True)
+    estimate = memory.estimate(plan, models.model_config(strategy.config.model).to_dict())
+    assert estimate is not None
+    held = sum(_local(p).numel() * _local(p).element_size() for p in named.values())
+    assert held == estimate.params
+
     frozen_before = {name: _local(p).detach().clone() for name, p in base.items()}
     first = last = None
     strategy.train()
