@@ -112,3 +112,30 @@ def test_the_frozen_base_is_bf16_without_gradients_or_optimizer_state(
                 for fsdp_param in group.fsdp_params if group else []:
                     frozen = not fsdp_param.sharded_param.requires_grad
                     assert (fsdp_param.param_dtype is None) == frozen, fsdp_param._param_fqn
+
+
+@pytest.mark.usefixtures("one_process_group")
+def test_a_bf16_base_lora_checkpoint_and_export_round_trip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint holds the fp32 adapters only and restores them next to a fresh bf16 base; the
+    export gathers the base in bf16 and the adapters in fp32 under their trained values."""
+    trained = _strategy(tmp_path, monkeypatch, "fsdp", pretrained=True)
+    for _ in range(2):
+        trained.forward_backward(_batch(), loss_scale=1.0 / (4 * 31), last_micro_batch=True)
+        trained.step()
+    adapters = {n: _local(p).detach().clone() for n, p in trained.model.named_parameters() if "lora_" in n}
+    trained.save(tmp_path / "checkpoint")
+
+    resumed = _strategy(tmp_path, monkeypatch, "fsdp", pretrained=True)
+    resumed.load(tmp_path / "checkpoint")
+    named = dict(resumed.model.named_parameters())
+    assert all(torch.equal(_local(named[n]).detach(), value) for n, value in adapters.items())
+    assert all(_local(p).dtype == torch.bfloat16 for n, p in named.items() if "lora_" not in n)
+
+    exported = {t.name: t for t in resumed.export_tensors()}
+    for name, value in adapters.items():
+        gathered = exported[name].gather()
+        assert exported[name].trainable and gathered is not None and torch.equal(gathered, value)
+    q = next(n for n in exported if n.endswith("layers.0.self_attn.q_proj.base_layer.weight"))
+    assert exported[q].dtype == torch.bfloat16 and not exported[q].trainable
