@@ -4,8 +4,9 @@ A spec that cannot fit (a 70B full fine-tune with DDP on 80 GB GPUs) otherwise f
 Ray cluster is up, the weights are downloaded and every worker has run out of memory, once per
 retry. The estimate follows how the trainer stores things (`trainer_image/.../strategies`):
 
-- FSDP2 and DDP keep fp32 parameters (FSDP2 gathers them in the compute dtype), fp32 gradients for
-  trainable parameters and two fp32 AdamW moments; FSDP2 shards all three over every device.
+- FSDP2 and DDP keep fp32 trainable parameters (FSDP2 gathers them in the compute dtype), fp32
+  gradients for them and two fp32 AdamW moments; a frozen LoRA base is held in the compute dtype
+  (`model.hold_frozen_in`: no fp32 master). FSDP2 shards all of it over every device.
 - DeepSpeed holds the parameters and gradients in the compute dtype plus an fp32 master copy and the
   two moments (12 bytes) in the optimizer; ZeRO 1/2/3 shard optimizer / +gradients / +parameters.
 - Offloading moves the named states to host memory.
@@ -354,7 +355,7 @@ def estimate(
             params = 0 if ds is not None and ds.offload_params else params // devices
             working_set = 2 * compute * shape.block_parameters() if shape else 0
     else:
-        params, grads, optimizer = 4 * (trainable + frozen), 4 * trainable, 8 * trainable
+        params, grads, optimizer = 4 * trainable + compute * frozen, 4 * trainable, 8 * trainable
         if strategy.type == "ddp":
             grad_buffers = 4 * trainable  # the reducer's buckets
         if strategy.type == "fsdp":

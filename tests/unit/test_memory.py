@@ -342,7 +342,8 @@ def test_changes_that_fit_only_together_and_with_more_workers_are_named_together
     lora = "train LoRA adapters (method.type: lora)"
     assert _fixes_for(document) == f"use strategy.type: fsdp and {lora}."
     document["spec"]["model"]["name"] = "meta-llama/Llama-3.1-405B"
-    assert _fixes_for(document) == f"use strategy.type: fsdp and {lora} and raise resources.workers to 3."
+    # The frozen 405B base at 2 bytes a parameter (bf16, no fp32 master): two workers, not three.
+    assert _fixes_for(document) == f"use strategy.type: fsdp and {lora} and raise resources.workers to 2."
 
 
 def test_a_plan_nothing_fixes_says_so() -> None:

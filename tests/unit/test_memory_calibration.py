@@ -22,6 +22,14 @@ from tests.support.jobs import load_example
 
 GIB = 2**30
 LORA = {"type": "lora", "lora": {"rank": 16}}
+_SHAPE_1B = memory.Shape.from_config(MODEL_1B)
+assert _SHAPE_1B is not None
+BF16_BASE_SAVING = 2 * _SHAPE_1B.parameters() / GIB
+"""The LoRA peaks were measured while the frozen base was still stored in fp32. It is now held in
+bf16 (`model.hold_frozen_in`), which saves exactly 2 bytes per base parameter of stored weights and
+changes nothing else (the gathered blocks and the activations were bf16 already). Until a GPU
+measures them again, the LoRA figures below are those peaks less this saving: arithmetic, not a
+measurement."""
 # (case, training, strategy, method, measured peak GiB allocated)
 MEASURED: list[tuple[str, dict[str, Any], dict[str, Any], dict[str, Any] | None, float]] = [
     ("fsdp2-mb4", {"microBatchSize": 4, "compile": False}, {"type": "fsdp"}, None, 30.3),
@@ -51,8 +59,20 @@ MEASURED: list[tuple[str, dict[str, Any], dict[str, Any], dict[str, Any] | None,
     ),
     ("ddp-mb4", {"microBatchSize": 4, "compile": False}, {"type": "ddp"}, None, 43.6),
     ("ddp-mb8", {"microBatchSize": 8, "compile": False}, {"type": "ddp"}, None, 64.8),
-    ("lora-r16-mb4", {"microBatchSize": 4, "compile": False}, {"type": "fsdp"}, LORA, 21.5),
-    ("lora-r16-mb8", {"microBatchSize": 8, "compile": False}, {"type": "fsdp"}, LORA, 38.5),
+    (
+        "lora-r16-mb4",
+        {"microBatchSize": 4, "compile": False},
+        {"type": "fsdp"},
+        LORA,
+        21.5 - BF16_BASE_SAVING,
+    ),
+    (
+        "lora-r16-mb8",
+        {"microBatchSize": 8, "compile": False},
+        {"type": "fsdp"},
+        LORA,
+        38.5 - BF16_BASE_SAVING,
+    ),
 ]
 
 

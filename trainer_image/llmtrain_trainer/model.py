@@ -142,6 +142,24 @@ def apply_lora(model: nn.Module, method: MethodSpec) -> nn.Module:
         raise ModelError(f"method.lora.targetModules {lora.target_modules}: {first_line(exc)}") from exc
 
 
+def hold_frozen_in(model: nn.Module, dtype: torch.dtype) -> int:
+    """Store every frozen floating-point parameter (a LoRA base) in the compute dtype; return how
+    many parameters that changed.
+
+    A frozen weight has no gradient and no optimizer state, so it needs no fp32 master: kept in
+    fp32 it costs 4 bytes a parameter instead of 2, and FSDP2's MixedPrecisionPolicy casts every
+    fp32 shard to the compute dtype before each all-gather (a parameter already in `param_dtype`
+    is gathered as it is). Trainable parameters (the adapters) keep their fp32 masters. The
+    tensor is replaced in place (`.data`), so tied parameters stay one parameter; meta parameters
+    only change their dtype."""
+    changed = 0
+    for param in model.parameters():  # a tied tensor once
+        if not param.requires_grad and param.is_floating_point() and param.dtype != dtype:
+            param.data = param.detach().to(dtype)
+            changed += 1
+    return changed
+
+
 def reset_lora_parameters(model: nn.Module) -> None:
     """Re-initialise adapters after their storage was allocated (A: kaiming, B: zeros)."""
     from peft.tuners.lora import LoraLayer
