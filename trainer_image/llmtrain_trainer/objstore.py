@@ -30,6 +30,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -54,6 +55,9 @@ log = logging.getLogger(__name__)
 CACHE_DIR = ".object-cache"
 PUSHED_FILE = "export-pushed.json"
 PUSH_ATTEMPTS = 4
+# How long google-cloud-cpp retries one GCS call (its default is 15 minutes); the push has its own
+# attempts, and a fetch that fails is the job's error, which the user should see soon.
+GCS_RETRY_LIMIT = timedelta(seconds=30)
 
 
 class ObjectStoreError(RuntimeError):
@@ -112,7 +116,13 @@ def filesystem(uri: str, settings: ObjectStorageSpec | None = None) -> tuple[paf
             options.update(endpoint_override=host, scheme=proto)
         if credentials := os.environ.get(GCS_CREDENTIALS_ENV):
             os.environ["GOOGLE_APPLICATION_CREDENTIALS"] = _gcs_credentials_file(credentials)
-        return fs.GcsFileSystem(**options), path
+        elif not os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
+            # Google's default credentials would ask a metadata server and retry for minutes.
+            raise ObjectStoreError(
+                f"{uri}: no service-account key: set spec.objectStorage.gcs.credentialsSecretRef "
+                f"({GCS_CREDENTIALS_ENV} is unset)"
+            )
+        return fs.GcsFileSystem(retry_time_limit=GCS_RETRY_LIMIT, **options), path
     if scheme == "az":
         azure = settings.azure if settings else None
         account = os.environ.get(AZURE_ACCOUNT_ENV) or (azure.account_name if azure else None)

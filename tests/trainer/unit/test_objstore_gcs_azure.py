@@ -179,6 +179,14 @@ def test_an_az_uri_without_an_account_names_the_field(
         fetch("az://corpus/a.txt", tmp_path)
 
 
+def test_a_gs_uri_without_a_key_names_the_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No key: an error at once, not minutes of retries against Google's metadata server."""
+    monkeypatch.delenv("LLMTRAIN_GCS_CREDENTIALS", raising=False)
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    with pytest.raises(ObjectStoreError, match=r"spec.objectStorage.gcs.credentialsSecretRef"):
+        fetch("gs://corpus/a.txt", tmp_path)
+
+
 def test_the_gcs_key_reaches_pyarrow_as_a_private_file(
     gcs: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
