@@ -24,6 +24,10 @@ from tests.support.trainer import tiny_config
 if TYPE_CHECKING:
     from pyarrow import fs as pafs
 
+# A client that lost its credentials retries against the (closed, loopback) metadata server for
+# minutes: each test here takes seconds, so a minute means it is broken.
+pytestmark = pytest.mark.timeout(60)
+
 STORIES = b"once upon a time\n" * 100
 
 
