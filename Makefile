@@ -42,6 +42,7 @@ IMAGES_LOG ?= $(VENV)/images-build.log
 prepare: $(STAMP) ## build the cluster's binaries (tools) and the images side by side, as `make test` does
 	bash hack/install_node_deps.sh
 	$(PY) -c 'from hack import images; images.ensure_host_tools()'
+	$(PY) hack/node_tools/node_tools.py
 	@echo "building the images in the background (log: $(IMAGES_LOG))"
 	@$(PY) hack/images.py >$(IMAGES_LOG) 2>&1 & images=$$!; \
 	  $(PY) hack/tools/build_tools.py; tools=$$?; \
@@ -56,9 +57,10 @@ test-fast: $(STAMP) ## the inner loop (~1 min): lint, unit, chart, e2e script ch
 lock: $(STAMP) ## rewrite constraints.txt from the current venv (after `make test` passed with new versions)
 	bash hack/lock.sh $(PY)
 
-tools: $(STAMP) ## build the real cluster's binaries from hack/tools/*/go.mod into ~/.cache/llmtrain/bin
+tools: $(STAMP) ## build the real cluster's and test servers' binaries (hack/tools/*/go.mod, hack/node_tools/*) into ~/.cache/llmtrain
 	bash hack/install_node_deps.sh
 	$(PY) hack/tools/build_tools.py
+	$(PY) hack/node_tools/node_tools.py
 
 images: $(STAMP) ## build the operator and trainer images (buildah, Debian bases) into ~/.cache/llmtrain/images
 	$(PY) hack/images.py

@@ -26,6 +26,10 @@ from tests.support.schema import validate_strict
 BASE = minimal_job("bad")
 
 
+GCS_STORE = {"credentialsSecretRef": {"name": "gcs", "key": "key.json"}}
+AZURE_STORE = {"accountName": "acct", "accountKeySecretRef": {"name": "az", "key": "key"}}
+
+
 def spec(path: str, value: Any) -> dict[str, Any]:
     return with_path(BASE, f"spec.{path}", value)
 
@@ -462,6 +466,43 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
         "resume-checkpoint-s3-without-object-storage",
         spec("resumeFrom", {"checkpoint": "s3://ckpt/checkpoint-step-00000100"}),
         "resumeFrom.checkpoint is an s3:// URI",
+        True,
+    ),
+    *[
+        (
+            f"{scheme}-{where.replace('.', '-').lower()}-without-its-store",
+            with_path(spec(where.split(".")[0], {where.split(".")[1]: f"{scheme}://corpus/a"}), *other),
+            f"{where} is {article} {scheme}:// URI: set spec.objectStorage.{store}",
+            True,
+        )
+        for scheme, article, store, other in [
+            # Another store's settings are not this one's.
+            ("gs", "a", "gcs.credentialsSecretRef", ("spec.objectStorage", {"azure": AZURE_STORE})),
+            ("az", "an", "azure with accountName", ("spec.objectStorage", {"gcs": GCS_STORE})),
+        ]
+        for where in ["dataset.path", "model.name", "resumeFrom.checkpoint", "checkpoint.exportTo"]
+    ],
+    (
+        "s3-dataset-with-only-gcs-settings",
+        with_path(
+            spec("dataset", {"path": "s3://corpus/tiny.txt"}), "spec.objectStorage", {"gcs": GCS_STORE}
+        ),
+        "dataset.path is an s3:// URI: set spec.objectStorage",
+        True,
+    ),
+    (
+        "object-storage-access-key-without-secret-key",
+        spec("objectStorage", {"accessKeySecretRef": {"name": "s3", "key": "id"}}),
+        "objectStorage.accessKeySecretRef and objectStorage.secretKeySecretRef go together",
+        True,
+    ),
+    (
+        "object-storage-azure-account-upper-case",
+        spec(
+            "objectStorage",
+            {"azure": {**AZURE_STORE, "accountName": "MyAccount"}},
+        ),
+        "objectStorage.azure.accountName",
         True,
     ),
     (

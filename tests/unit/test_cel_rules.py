@@ -437,8 +437,10 @@ CASES[_rule("checkpoint.keepBest and checkpoint.exportBest rank checkpoints")] =
 
 
 # Object-store URIs (spec-level rules): a '://' value must be a well-formed object URI, and an
-# s3:// one needs spec.objectStorage (its Secret references).
+# s3://, gs:// or az:// one needs that store's Secret references in spec.objectStorage.
 _STORE = {"accessKeySecretRef": {"name": "s", "key": "a"}, "secretKeySecretRef": {"name": "s", "key": "b"}}
+_GCS = {"gcs": {"credentialsSecretRef": {"name": "g", "key": "key.json"}}}
+_AZURE = {"azure": {"accountName": "acct", "accountKeySecretRef": {"name": "a", "key": "key"}}}
 for _field, _wrap in [
     ("dataset.path", lambda v: {"dataset": {"path": v}, "model": {}, "checkpoint": {}}),
     ("model.name", lambda v: {"model": {"name": v}, "dataset": {}, "checkpoint": {}}),
@@ -463,8 +465,20 @@ for _field, _wrap in [
 ]:
     CASES[_rule(f"{_field} is an s3:// URI")] = [
         ({**_wrap("s3://corpus/a"), "objectStorage": _STORE}, _wrap("s3://corpus/a"), None),
-        (_wrap("gs://corpus/a"), _wrap("s3://corpus/a"), None),
+        (_wrap("gs://corpus/a"), {**_wrap("s3://corpus/a"), "objectStorage": _GCS}, None),
     ]
+    CASES[_rule(f"{_field} is a gs:// URI")] = [
+        ({**_wrap("gs://corpus/a"), "objectStorage": _GCS}, _wrap("gs://corpus/a"), None),
+        (_wrap("s3://corpus/a"), {**_wrap("gs://corpus/a"), "objectStorage": _STORE}, None),
+    ]
+    CASES[_rule(f"{_field} is an az:// URI")] = [
+        ({**_wrap("az://corpus/a"), "objectStorage": _AZURE}, _wrap("az://corpus/a"), None),
+        (_wrap("data/a.txt"), {**_wrap("az://corpus/a"), "objectStorage": _GCS}, None),
+    ]
+CASES[_rule("objectStorage.accessKeySecretRef and objectStorage.secretKeySecretRef go together")] = [
+    (_STORE, {"accessKeySecretRef": {"name": "s", "key": "a"}}, None),
+    (_GCS, {**_GCS, "secretKeySecretRef": {"name": "s", "key": "b"}}, None),
+]
 CASES[_rule("checkpoint.exportTo copies the export")] = [
     ({"export": True, "exportTo": "s3://m/a"}, {"export": False, "exportTo": "s3://m/a"}, None),
     ({"export": False}, {"export": False, "exportTo": "gs://m/a"}, None),

@@ -728,3 +728,46 @@ def test_the_hub_push_token_reaches_every_pod_as_a_secret_reference_beside_hf_to
     config = TrainerConfig.model_validate_json(objects["ConfigMap"]["data"][CONFIG_FILENAME])
     assert config.checkpoint.push_to_hub is not None
     assert config.checkpoint.push_to_hub.repo_id == "my-org/tiny-sft"
+
+
+def test_gcs_and_azure_credentials_reach_head_and_workers_as_secret_references() -> None:
+    """spec.objectStorage.gcs's service-account key and .azure's account key become secretKeyRef
+    entries, their endpoints and the account plain values, in every Ray container; no S3 variable
+    appears without S3 keys, and no Secret value is copied anywhere."""
+    doc = _gpu_job(
+        objectStorage={
+            "gcs": {
+                "credentialsSecretRef": {"name": "gcs-creds", "key": "key.json"},
+                "endpoint": "http://gcs.storage.svc:4443",
+            },
+            "azure": {
+                "accountName": "llmtrainstore",
+                "accountKeySecretRef": {"name": "az-creds", "key": "account-key"},
+                "endpoint": "http://10.0.0.7:10000",
+            },
+        },
+        dataset={"path": "gs://corpus/tiny.txt"},
+        checkpoint={"exportTo": "az://models/tiny"},
+    )
+    objects = _by_kind(render(_job(doc)))
+    containers = pods(objects["RayJob"])
+    assert len(containers) >= 2  # head and workers
+    for pod in containers:
+        env = env_of(pod)
+        assert env["LLMTRAIN_GCS_CREDENTIALS"] == {
+            "name": "LLMTRAIN_GCS_CREDENTIALS",
+            "valueFrom": {"secretKeyRef": {"name": "gcs-creds", "key": "key.json"}},
+        }
+        assert env["AZURE_STORAGE_ACCOUNT_KEY"] == {
+            "name": "AZURE_STORAGE_ACCOUNT_KEY",
+            "valueFrom": {"secretKeyRef": {"name": "az-creds", "key": "account-key"}},
+        }
+        assert env["LLMTRAIN_GCS_ENDPOINT"]["value"] == "http://gcs.storage.svc:4443"
+        assert env["AZURE_STORAGE_ACCOUNT_NAME"]["value"] == "llmtrainstore"
+        assert env["LLMTRAIN_AZURE_ENDPOINT"]["value"] == "http://10.0.0.7:10000"
+        assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"} & set(env)
+    config = TrainerConfig.model_validate_json(objects["ConfigMap"]["data"][CONFIG_FILENAME])
+    assert config.dataset.path == "gs://corpus/tiny.txt"
+    assert config.checkpoint.export_to == "az://models/tiny"
+    assert config.object_storage is not None and config.object_storage.azure is not None
+    assert config.object_storage.azure.account_name == "llmtrainstore"

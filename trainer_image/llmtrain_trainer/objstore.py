@@ -10,26 +10,41 @@ partial copy and two drivers racing each keep a whole one.
 Out: once the run finished and its export is complete, the driver copies the export to
 checkpoint.exportTo, retrying a few times; a marker in the run directory makes it happen once.
 
-Credentials come from the environment only (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
-AWS_ENDPOINT_URL, AWS_REGION: secretKeyRef entries on a cluster). s3 is tested against a real
-S3 server (versitygw); gs (GCS default credentials) and az (AZURE_STORAGE_ACCOUNT_NAME plus
-Azure's default credentials) use pyarrow's own filesystems and are untested here.
+Credentials come from the environment only (secretKeyRef entries on a cluster): s3 reads
+AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL and AWS_REGION; gs a service-account key's
+JSON in LLMTRAIN_GCS_CREDENTIALS (written to a private file that GOOGLE_APPLICATION_CREDENTIALS names,
+the only way pyarrow takes one) and LLMTRAIN_GCS_ENDPOINT; az AZURE_STORAGE_ACCOUNT_NAME,
+AZURE_STORAGE_ACCOUNT_KEY and LLMTRAIN_AZURE_ENDPOINT. Each is tested against a real server:
+versitygw, fake-gcs-server and Azurite (tests/support/).
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import logging
 import os
 import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llmtrain.api.object_storage import ENDPOINT_ENV, REGION_ENV, ObjectStorageSpec, is_object_uri
+from llmtrain.api.object_storage import (
+    AZURE_ACCOUNT_ENV,
+    AZURE_ENDPOINT_ENV,
+    AZURE_KEY_ENV,
+    ENDPOINT_ENV,
+    GCS_CREDENTIALS_ENV,
+    GCS_ENDPOINT_ENV,
+    REGION_ENV,
+    ObjectStorageSpec,
+    is_object_uri,
+)
 from llmtrain.api.trainer_config import TrainerConfig
 
 if TYPE_CHECKING:
@@ -40,10 +55,36 @@ log = logging.getLogger(__name__)
 CACHE_DIR = ".object-cache"
 PUSHED_FILE = "export-pushed.json"
 PUSH_ATTEMPTS = 4
+# How long google-cloud-cpp retries one GCS call (its default is 15 minutes); the push has its own
+# attempts, and a fetch that fails is the job's error, which the user should see soon.
+GCS_RETRY_LIMIT = timedelta(seconds=30)
 
 
 class ObjectStoreError(RuntimeError):
     """A URI could not be read or written; the message names it."""
+
+
+def _endpoint(url: str) -> tuple[str, str]:
+    """http://host:port/ -> ("http", "host:port"): what pyarrow's filesystems take."""
+    proto, _, host = url.partition("://")
+    return proto, host.rstrip("/")
+
+
+_credential_files: dict[str, str] = {}
+
+
+def _gcs_credentials_file(content: str) -> str:
+    """A private (0600) file holding the service-account key, one per key and process, removed at
+    exit: google-cloud-cpp (under pyarrow) reads a key only from the file that
+    GOOGLE_APPLICATION_CREDENTIALS names."""
+    digest = hashlib.sha256(content.encode()).hexdigest()
+    if digest not in _credential_files:
+        fd, name = tempfile.mkstemp(prefix="llmtrain-gcs-", suffix=".json")  # mode 0600
+        with os.fdopen(fd, "w") as out:
+            out.write(content)
+        atexit.register(lambda: Path(name).unlink(missing_ok=True))
+        _credential_files[digest] = name
+    return _credential_files[digest]
 
 
 def filesystem(uri: str, settings: ObjectStorageSpec | None = None) -> tuple[pafs.FileSystem, str]:
@@ -58,8 +99,8 @@ def filesystem(uri: str, settings: ObjectStorageSpec | None = None) -> tuple[paf
         region = os.environ.get(REGION_ENV) or (settings.region if settings else "us-east-1")
         kwargs: dict[str, object] = {"region": region}
         if endpoint:
-            proto, _, host = endpoint.partition("://")
-            kwargs.update(endpoint_override=host.rstrip("/"), scheme=proto)
+            proto, host = _endpoint(endpoint)
+            kwargs.update(endpoint_override=host, scheme=proto)
         if os.environ.get("AWS_ACCESS_KEY_ID"):
             kwargs.update(
                 access_key=os.environ["AWS_ACCESS_KEY_ID"],
@@ -67,9 +108,37 @@ def filesystem(uri: str, settings: ObjectStorageSpec | None = None) -> tuple[paf
             )
         return fs.S3FileSystem(**kwargs), path
     if scheme == "gs":
-        return fs.GcsFileSystem(), path
+        gcs = settings.gcs if settings else None
+        endpoint = os.environ.get(GCS_ENDPOINT_ENV) or (gcs.endpoint if gcs else None)
+        options: dict[str, object] = {}
+        if endpoint:
+            proto, host = _endpoint(endpoint)
+            options.update(endpoint_override=host, scheme=proto)
+        if credentials := os.environ.get(GCS_CREDENTIALS_ENV):
+            os.environ["GOOGLE_APPLICATION_CREDENTIALS"] = _gcs_credentials_file(credentials)
+        elif not os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
+            # Google's default credentials would ask a metadata server and retry for minutes.
+            raise ObjectStoreError(
+                f"{uri}: no service-account key: set spec.objectStorage.gcs.credentialsSecretRef "
+                f"({GCS_CREDENTIALS_ENV} is unset)"
+            )
+        return fs.GcsFileSystem(retry_time_limit=GCS_RETRY_LIMIT, **options), path
     if scheme == "az":
-        return fs.AzureFileSystem(account_name=os.environ.get("AZURE_STORAGE_ACCOUNT_NAME", "")), path
+        azure = settings.azure if settings else None
+        account = os.environ.get(AZURE_ACCOUNT_ENV) or (azure.account_name if azure else None)
+        if not account:
+            raise ObjectStoreError(f"{uri}: no storage account (spec.objectStorage.azure.accountName)")
+        endpoint = os.environ.get(AZURE_ENDPOINT_ENV) or (azure.endpoint if azure else None)
+        options = {"account_key": os.environ.get(AZURE_KEY_ENV) or None}
+        if endpoint:  # an emulator or private endpoint serves blobs and the data-lake API alike
+            proto, host = _endpoint(endpoint)
+            options.update(
+                blob_storage_authority=host,
+                blob_storage_scheme=proto,
+                dfs_storage_authority=host,
+                dfs_storage_scheme=proto,
+            )
+        return fs.AzureFileSystem(account, **options), path
     raise ObjectStoreError(f"{uri}: not an s3://, gs:// or az:// URI")
 
 

@@ -444,8 +444,8 @@ class CheckpointSpec(ApiModel):
     export_to: Annotated[str, Field(pattern=OBJECT_URI, max_length=1024)] | None = Field(
         default=None,
         description="Also copy the export, once it is complete, to this object-store prefix "
-        "(s3://bucket/prefix; needs spec.objectStorage). Retried a few times; the result shows in "
-        "status.progress.exportedTo (or status.progress.error).",
+        "(s3://, gs:// or az://bucket/prefix; needs that store in spec.objectStorage). Retried a "
+        "few times; the result shows in status.progress.exportedTo (or status.progress.error).",
     )
     push_to_hub: HubPushSpec | None = Field(
         default=None,
@@ -1063,9 +1063,30 @@ _URI_FIELDS = {
 }
 
 
+# Per scheme: what a URI of it needs in spec.objectStorage (CEL test) and how to fix its absence.
+_STORE_NEEDS = {
+    "s3": (
+        "has(self.objectStorage.accessKeySecretRef)",
+        "is an s3:// URI: set spec.objectStorage with the endpoint and the Secret holding the access "
+        "keys (accessKeySecretRef, secretKeySecretRef; listed in the namespace's "
+        "llmtrain.dev/allowed-secrets)",
+    ),
+    "gs": (
+        "has(self.objectStorage.gcs)",
+        "is a gs:// URI: set spec.objectStorage.gcs.credentialsSecretRef to the Secret key holding a "
+        "service-account key (listed in the namespace's llmtrain.dev/allowed-secrets)",
+    ),
+    "az": (
+        "has(self.objectStorage.azure)",
+        "is an az:// URI: set spec.objectStorage.azure with accountName and accountKeySecretRef, the "
+        "Secret key holding the account key (listed in the namespace's llmtrain.dev/allowed-secrets)",
+    ),
+}
+
+
 def _object_uri_rules() -> list[JsonDict]:
-    """Per field: a '://' value must be a well-formed object URI, and an s3:// one needs the
-    credentials of spec.objectStorage (a Secret reference; keys are never inline)."""
+    """Per field: a '://' value must be a well-formed object URI, and an s3://, gs:// or az:// one
+    needs that store's credentials in spec.objectStorage (a Secret reference; keys are never inline)."""
     rules = []
     for field, (present, value) in _URI_FIELDS.items():
         if field != "checkpoint.exportTo":  # its own pattern admits object URIs only
@@ -1077,14 +1098,15 @@ def _object_uri_rules() -> list[JsonDict]:
                     "." + field,
                 )
             )
-        rules.append(
-            cel(
-                f"!({present}) || !{value}.startsWith('s3://') || has(self.objectStorage)",
-                f"{field} is an s3:// URI: set spec.objectStorage with the endpoint and the Secret "
-                "holding the access keys (listed in the namespace's llmtrain.dev/allowed-secrets)",
-                "." + field,
+        for scheme, (needs, fix) in _STORE_NEEDS.items():
+            rules.append(
+                cel(
+                    f"!({present}) || !{value}.startsWith('{scheme}://') || "
+                    f"(has(self.objectStorage) && {needs})",
+                    f"{field} {fix}",
+                    "." + field,
+                )
             )
-        )
     return rules
 
 
@@ -1225,9 +1247,9 @@ class LLMTrainingJobSpec(ApiModel):
     )
     object_storage: ObjectStorageSpec | None = Field(
         default=None,
-        description="The S3-compatible store that s3:// URIs in dataset.path, model.name, "
-        "resumeFrom.checkpoint and checkpoint.exportTo are read from and written to, and the "
-        "Secret with its keys.",
+        description="The object stores that s3://, gs:// and az:// URIs in dataset.path, "
+        "model.name, resumeFrom.checkpoint and checkpoint.exportTo are read from and written to, "
+        "and the Secrets with their keys.",
     )
     tracking: TrackingSpec | None = Field(
         default=None,

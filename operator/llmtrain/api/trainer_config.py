@@ -95,7 +95,7 @@ class TrainerConfig(ApiModel):
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
     object_storage: ObjectStorageSpec | None = Field(
         default=None,
-        description="spec.objectStorage: the store's endpoint and region (the environment's "
+        description="spec.objectStorage: the stores' endpoints, region and account (the environment's "
         "AWS_ENDPOINT_URL and AWS_REGION win); credentials only ever come from the environment.",
     )
     tracking: TrackingSpec | None = Field(

@@ -91,7 +91,7 @@ def _env(job: LLMTrainingJob, images: ImageSettings, uses_gpu: bool) -> list[dic
     if spec.tracking is not None:
         secrets.update(spec.tracking.secret_env())
     plain: dict[str, str] = {}
-    if spec.object_storage is not None:  # the s3:// URIs' store: pyarrow reads these variables
+    if spec.object_storage is not None:  # the object URIs' stores: pyarrow reads these
         secrets.update(spec.object_storage.secret_env())
         plain.update(spec.object_storage.plain_env())
     if spec.checkpoint.push_to_hub is not None:  # the Hub push's write token
