@@ -35,6 +35,7 @@ class DdpStrategy(TorchNativeStrategy):
             )
         torch.manual_seed(config.training.seed)
         base = models.apply_lora(base, config.method)
+        self.attention = models.use_packed_attention(base, config.dataset, env.on_gpu)
         if config.training.gradient_checkpointing:
             models.enable_gradient_checkpointing(base, config.training.checkpoint_every_blocks)
         if models.compile_wanted(config.training.compile, env.on_gpu):

@@ -55,6 +55,7 @@ class FsdpStrategy(TorchNativeStrategy):
             hf_config, torch.float32, meta=True, seed=config.training.seed
         )
         model = models.apply_lora(model, config.method)
+        self.attention = models.use_packed_attention(model, config.dataset, env.on_gpu)
         if config.training.gradient_checkpointing:
             models.enable_gradient_checkpointing(model, config.training.checkpoint_every_blocks)
         if models.compile_wanted(config.training.compile, env.on_gpu):
