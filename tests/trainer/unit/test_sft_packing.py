@@ -75,7 +75,7 @@ def _as_row(example: Example) -> dict[str, list[int]]:
         "default",
         "sdpa",
         "eager",
-        # The GPU default; compiling it for the CPU takes about a minute (forward only: CPUs
+        # The GPU default; compiling it for the CPU takes over a minute (forward only: CPUs
         # have no flex_attention backward).
         pytest.param("flex_attention", marks=pytest.mark.slow),
     ],
