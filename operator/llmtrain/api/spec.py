@@ -166,8 +166,9 @@ class DatasetSpec(ApiModel):
         description="Put several samples in each maxSeqLength sequence instead of padding each "
         "sample to its own. Format text concatenates documents and cuts full sequences; "
         "instruction and chat place whole examples side by side, each with its own positions and "
-        "attention that stops at its boundaries (flex_attention's block mask on GPUs, a mask "
-        "derived from the position restarts on CPUs), and keep their loss masks: each example "
+        "attention that stops at its boundaries (flex_attention's block mask on GPUs for "
+        "architectures that have it, else a mask derived from the position restarts), and keep "
+        "their loss masks: each example "
         "trains as it would alone, without the compute spent on padding. Defaults to true; false "
         "pads each sample to the longest of its micro-batch.",
     )
