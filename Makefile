@@ -110,10 +110,11 @@ bench-operator: $(STAMP) tools ## operator throughput and memory on a real contr
 	$(PY) benchmarks/operator_throughput.py --rate 10 --jobs $(BENCH_STEADY) $(BENCH_ARGS)
 	for n in $(BENCH_RETAINED); do $(PY) benchmarks/operator_throughput.py --retained $$n $(BENCH_ARGS) || exit 1; done
 
-bench-trainer: $(STAMP) ## trainer loop overhead vs a minimal FSDP2 loop, chunked-loss peak memory, LoRA/full tokens/s (CPU)
+bench-trainer: $(STAMP) ## trainer loop overhead vs a minimal FSDP2 loop, chunked-loss peak memory, LoRA/full and packed/padded SFT tokens/s (CPU)
 	$(PY) benchmarks/trainer_overhead.py
 	PYTHONPATH=trainer_image:operator $(PY) benchmarks/loss_memory.py
 	PYTHONPATH=trainer_image:operator $(PY) benchmarks/lora_speed.py
+	PYTHONPATH=trainer_image:operator $(PY) benchmarks/packed_sft.py
 
 bench-gpu: $(STAMP) ## tokens/s, MFU, peak memory vs the estimate on one local GPU, without Ray (FSDP2, DDP, LoRA, checkpointing)
 	$(PY) benchmarks/gpu_mfu.py

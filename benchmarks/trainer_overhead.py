@@ -56,6 +56,7 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         "path": str(REPO / "examples/data/tiny-instructions.jsonl"),
         "format": "instruction",
         "maxSeqLength": 128,
+        "packing": False,  # padded rows, as the minimal loop builds them (packed_sft.py compares)
     },
 }
 

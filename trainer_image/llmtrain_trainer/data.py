@@ -468,7 +468,8 @@ def collate(
     attention mask either: Hugging Face models derive a block-diagonal causal mask from the
     position restarts when the mask is absent (`masking_utils.find_packed_sequence_indices`, for
     the default sdpa attention and eager; flash-attention only with one row per micro-batch), and
-    a mask would switch that off. Their padding is one more segment of its own, with its own
+    a mask would switch that off; flex_attention (`model.packed_attention`, on GPUs) turns the
+    same restarts into a BlockMask. Their padding is one more segment of its own, with its own
     positions, that no real token attends to (and that `input_token_count` still counts).
     """
     longest = max(len(e["input_ids"]) for e in examples)
@@ -536,8 +537,10 @@ class DistributedBatches:
         seed: int,
         pad_id: int,
         position: DataPosition = DataPosition(),
+        multiple_of: int = 8,
     ) -> None:
         self.dataset = dataset
+        self.multiple_of = multiple_of
         self.micro_batch = micro_batch
         self.rank = rank
         self.world_size = world_size
@@ -573,11 +576,11 @@ class DistributedBatches:
         indices = self._epoch_order(epoch)[start : start + self.micro_batch]
         rows = self.dataset[indices]
         self.position = DataPosition(epoch, offset + self.global_batch)
-        return collate(_row_examples(rows), self.pad_id)
+        return collate(_row_examples(rows), self.pad_id, self.multiple_of)
 
 
 def evaluation_batches(
-    dataset: Dataset, micro_batch: int, rank: int, world_size: int, pad_id: int
+    dataset: Dataset, micro_batch: int, rank: int, world_size: int, pad_id: int, multiple_of: int = 8
 ) -> Iterator[dict[str, torch.Tensor]]:
     """This rank's share of the validation set, the same number of batches on every rank."""
     per_rank = len(dataset) // world_size
@@ -585,4 +588,4 @@ def evaluation_batches(
     for start in range(0, per_rank - micro_batch + 1, micro_batch):
         first = rank * per_rank + start
         rows = dataset[first : first + micro_batch]
-        yield collate(_row_examples(rows), pad_id)
+        yield collate(_row_examples(rows), pad_id, multiple_of)

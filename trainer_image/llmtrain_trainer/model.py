@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from llmtrain.api.spec import LoraSpec, MethodSpec, ModelSpec
+from llmtrain.api.spec import DatasetSpec, LoraSpec, MethodSpec, ModelSpec
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
@@ -234,6 +234,41 @@ def compile_blocks(model: nn.Module, backend: Any = "inductor") -> CompileFailur
     for block in transformer_blocks(model):
         block.compile(backend=backend)
     return failures
+
+
+FLEX_ATTENTION = "flex_attention"
+
+
+def packed_attention(dataset: DatasetSpec, on_gpu: bool, supports_flex: bool) -> str | None:
+    """The attention kernel for packed instruction/chat rows, or None for transformers' default.
+
+    Rows of several examples carry `position_ids` that restart at each example; transformers turns
+    the restarts into a document mask (`masking_utils.find_packed_sequence_indices`). On GPUs,
+    flex_attention gets it as a BlockMask and skips the blocks between examples; sdpa would get a
+    dense batch x seq x seq mask and compute every block. On CPUs flex_attention has no backward
+    (torch 2.13 raises NotImplementedError), so sdpa with the derived mask it is. Packed text and
+    padded rows have one causal sequence per row, for which sdpa's plain causal kernel is best.
+    """
+    if dataset.packs_examples and on_gpu and supports_flex:
+        return FLEX_ATTENTION
+    return None
+
+
+def use_packed_attention(model: nn.Module, dataset: DatasetSpec, on_gpu: bool) -> str:
+    """Switch the model to `packed_attention`'s choice; returns the kernel the model now uses."""
+    base = unwrap_peft(model)
+    assert isinstance(base, PreTrainedModel)
+    choice = packed_attention(dataset, on_gpu, bool(getattr(base, "_supports_flex_attn", False)))
+    if choice is not None:
+        base.set_attn_implementation(choice)
+    return str(base.config._attn_implementation)
+
+
+def packed_row_length(dataset: DatasetSpec, attention: str) -> int:
+    """What `collate` rounds row lengths up to. flex_attention compiles for each shape
+    (transformers compiles it with dynamic=False); padding packed rows, nearly full anyway, to
+    maxSeqLength keeps one shape instead of a recompilation per new longest row."""
+    return dataset.max_seq_length if attention == FLEX_ATTENTION else 8
 
 
 def unwrap_peft(model: nn.Module) -> nn.Module:

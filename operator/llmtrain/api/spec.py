@@ -167,8 +167,11 @@ class DatasetSpec(ApiModel):
         description="Put several samples in each maxSeqLength sequence instead of padding each "
         "sample to its own. Format text concatenates documents and cuts full sequences; "
         "instruction and chat place whole examples side by side, each with its own positions and "
-        "attention that stops at its boundaries, and keep their loss masks. Defaults to true for "
-        "text and false for instruction and chat.",
+        "attention that stops at its boundaries (flex_attention's block mask on GPUs for "
+        "architectures that have it, else a mask derived from the position restarts), and keep "
+        "their loss masks: each example "
+        "trains as it would alone, without the compute spent on padding. Defaults to true; false "
+        "pads each sample to the longest of its micro-batch.",
     )
     validation_split: float = Field(
         default=0.0,
@@ -187,8 +190,14 @@ class DatasetSpec(ApiModel):
 
     @property
     def packs(self) -> bool:
-        """Whether samples are packed: dataset.packing, else the format's default."""
-        return self.packing if self.packing is not None else self.format == "text"
+        """Whether samples are packed: dataset.packing, else true for every format."""
+        return self.packing is not False
+
+    @property
+    def packs_examples(self) -> bool:
+        """Whether whole instruction/chat examples share rows (rows carry position_ids, and
+        attention must stop at each example's boundary)."""
+        return self.packs and self.format != "text"
 
 
 class LoraSpec(ApiModel):

@@ -23,7 +23,11 @@ def test_padded_sft_reports_the_real_tokens_of_all_ranks(ray_address: str, stora
     config = tiny_config(
         storage,
         "sft-tokens",
-        dataset={"path": str(REPO / "examples/data/tiny-instructions.jsonl"), "format": "instruction"},
+        dataset={
+            "path": str(REPO / "examples/data/tiny-instructions.jsonl"),
+            "format": "instruction",
+            "packing": False,
+        },
         training={"maxSteps": STEPS, "microBatchSize": 4, "logEverySteps": 5},
         checkpoint={"everySteps": 4},  # a checkpoint between two log steps flushes the counts too
     )

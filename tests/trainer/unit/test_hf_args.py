@@ -120,3 +120,23 @@ def test_early_stopping_and_best_export_map_onto_the_trainers_own_settings(tmp_p
     # No evaluation (an empty held-out set): nothing to track, no callback.
     assert early_stopping_callbacks(config, evaluate=False) == []
     assert training_arguments(config, tmp_path / "out", evaluate=False).metric_for_best_model is None
+
+
+@pytest.mark.parametrize(
+    ("dataset", "counted"),
+    [
+        ({"format": "text"}, "all"),
+        ({"format": "instruction"}, "all"),  # packed by default: no attention mask to count by
+        ({"format": "chat"}, "all"),
+        ({"format": "instruction", "packing": False}, "non_padding"),  # the padded rows' mask
+    ],
+)
+def test_tokens_seen_count_packed_rows_whole_and_padded_rows_by_their_mask(
+    tmp_path: Path, dataset: dict[str, object], counted: str
+) -> None:
+    config = tiny_config(
+        tmp_path, "hf", trainer={"type": "huggingface"}, strategy={"type": "ddp"}, dataset=dataset
+    )
+    assert (
+        training_arguments(config, tmp_path / "out", evaluate=False).include_num_input_tokens_seen == counted
+    )

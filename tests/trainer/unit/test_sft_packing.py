@@ -26,6 +26,7 @@ from llmtrain_trainer.data import (
 )
 from llmtrain_trainer.distributed import WorkerEnv
 from llmtrain_trainer.loss import token_loss_sum, trained_tokens
+from llmtrain_trainer.model import packed_attention, packed_row_length, unwrap_peft, use_packed_attention
 from llmtrain_trainer.strategies.ddp import DdpStrategy
 from llmtrain_trainer.tokenizer import byte_level_tokenizer
 
@@ -43,7 +44,12 @@ def tokenizer():  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def strategy(tmp_path: Path, one_process_group: None) -> DdpStrategy:
-    config = tiny_config(tmp_path, "packing", strategy={"type": "ddp"})
+    config = tiny_config(
+        tmp_path,
+        "packing",
+        strategy={"type": "ddp"},
+        dataset={"path": str(INSTRUCTIONS), "format": "instruction", "maxSeqLength": 128},
+    )
     env = WorkerEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
     strategy = DdpStrategy(config, env, total_steps=1)
     strategy.train(False)  # no dropout: the comparison is exact
@@ -63,12 +69,26 @@ def _as_row(example: Example) -> dict[str, list[int]]:
     return {"input_ids": example.input_ids, "labels": example.labels}
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize(
+    "attention",
+    [
+        "default",
+        "sdpa",
+        "eager",
+        # The GPU default; compiling it for the CPU takes over a minute (forward only: CPUs
+        # have no flex_attention backward).
+        pytest.param("flex_attention", marks=pytest.mark.slow),
+    ],
+)
 @torch.no_grad()
 def test_packed_row_gives_each_example_its_own_logits_and_loss(
     strategy: DdpStrategy, tokenizer, attention: str
 ) -> None:  # type: ignore[no-untyped-def]
-    strategy.ddp.module.set_attn_implementation(attention)
+    if attention == "default":  # what a CPU run of packed instruction data (the default) gets
+        assert strategy.config.dataset.packs_examples
+        assert strategy.attention == "sdpa"
+    else:
+        strategy.ddp.module.set_attn_implementation(attention)
     examples = _examples(tokenizer)
     rows = pack_examples(examples, 128)
     assert len(rows["input_ids"]) == 1, "the short examples share one row"
@@ -135,7 +155,7 @@ def test_collate_pads_packed_rows_as_a_segment_of_their_own() -> None:
 
 
 @pytest.mark.parametrize("packing", [True, False, None])
-def test_instruction_data_packs_only_when_asked(tokenizer, packing: bool | None) -> None:  # type: ignore[no-untyped-def]
+def test_instruction_data_packs_unless_told_not_to(tokenizer, packing: bool | None) -> None:  # type: ignore[no-untyped-def]
     fields = {
         "path": str(INSTRUCTIONS),
         "format": "instruction",
@@ -145,7 +165,7 @@ def test_instruction_data_packs_only_when_asked(tokenizer, packing: bool | None)
     spec = DatasetSpec.model_validate({**fields, **({} if packing is None else {"packing": packing})})
     unpacked = build_sequences(DatasetSpec.model_validate({**fields, "packing": False}), tokenizer, 0).train
     sequences = build_sequences(spec, tokenizer, 0).train
-    if not packing:  # the default for instruction and chat stays one padded example per row
+    if packing is False:  # one padded example per row only when asked
         assert "position_ids" not in sequences.column_names
         assert sequences["input_ids"] == unpacked["input_ids"]
         return
@@ -216,3 +236,75 @@ def test_packed_instruction_run_trains(ray_address: str, storage: Path, trainer:
     curve = losses(config)
     assert curve[20] < 0.7 * curve[1]
     assert any(r.val_loss is not None for r in records(config))
+
+
+def test_packed_step_gives_the_padded_step_gradients(strategy: DdpStrategy, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """Through the loop's training path (`forward_backward`: chunked head loss, backward, DDP's
+    reduction) one packed row and the same examples padded one per row give the same summed loss
+    and the same gradients, with the default CPU kernel."""
+    examples = _examples(tokenizer)
+    rows = pack_examples(examples, 128)
+    packed = collate([{key: rows[key][0] for key in rows}], pad_id=0)
+    padded = collate([_as_row(e) for e in examples], pad_id=0)
+    assert packed["input_ids"].numel() < padded["input_ids"].numel()
+    tokens = trained_tokens(padded["labels"])
+    assert trained_tokens(packed["labels"]) == tokens
+
+    def gradients(batch: dict[str, torch.Tensor]) -> tuple[float, list[torch.Tensor]]:
+        loss = strategy.forward_backward(batch, 1.0 / tokens, last_micro_batch=True)
+        grads = [p.grad.clone() for p in strategy.model.parameters() if p.grad is not None]
+        strategy.model.zero_grad(set_to_none=True)
+        return float(loss), grads
+
+    packed_loss, packed_grads = gradients(packed)
+    padded_loss, padded_grads = gradients(padded)
+    assert packed_loss == pytest.approx(padded_loss, rel=1e-5)
+    assert len(packed_grads) == len(padded_grads) > 0
+    for mine, theirs in zip(packed_grads, padded_grads, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("fields", "on_gpu", "supports_flex", "expected"),
+    [
+        ({"format": "instruction"}, True, True, "flex_attention"),  # the default: packed examples
+        ({"format": "chat"}, True, True, "flex_attention"),
+        ({"format": "instruction"}, False, True, None),  # CPU: no flex_attention backward
+        ({"format": "instruction"}, True, False, None),  # the architecture lacks flex_attention
+        ({"format": "instruction", "packing": False}, True, True, None),  # padded rows
+        ({"format": "text"}, True, True, None),  # packed text: one causal sequence per row
+    ],
+)
+def test_packed_attention_choice(
+    fields: dict[str, object], on_gpu: bool, supports_flex: bool, expected: str | None
+) -> None:
+    spec = DatasetSpec.model_validate({"path": "x", **fields})
+    assert packed_attention(spec, on_gpu, supports_flex) == expected
+    # flex_attention's rows all get maxSeqLength (one compiled shape), others the next multiple of 8.
+    assert packed_row_length(spec, expected or "sdpa") == (spec.max_seq_length if expected else 8)
+
+
+def test_use_packed_attention_switches_the_model(tmp_path: Path) -> None:
+    """A GPU worker's Llama (LoRA-wrapped too) gets flex_attention for packed instruction data;
+    a CPU worker's and one training padded rows keep sdpa."""
+    from llmtrain.api.spec import MethodSpec
+    from llmtrain_trainer.model import apply_lora, build_from_config, model_config
+
+    config = tiny_config(tmp_path, "kernel", dataset={"path": "x", "format": "instruction"})
+    lora = MethodSpec.model_validate({"type": "lora", "lora": {"targetModules": ["q_proj"]}})
+    padded = config.dataset.model_copy(update={"packing": False})
+
+    def tiny(method: MethodSpec) -> torch.nn.Module:  # a fresh config: the switch writes to it
+        return apply_lora(
+            build_from_config(model_config(config.model), torch.float32, meta=True, seed=0), method
+        )
+
+    for method in (config.method, lora):
+        assert use_packed_attention(tiny(method), config.dataset, on_gpu=False) == "sdpa"
+        assert use_packed_attention(tiny(method), padded, on_gpu=True) == "sdpa"
+        model = tiny(method)
+        assert use_packed_attention(model, config.dataset, on_gpu=True) == "flex_attention"
+        assert all(
+            layer.self_attn.config._attn_implementation == "flex_attention"
+            for layer in unwrap_peft(model).model.layers
+        )

@@ -34,7 +34,13 @@ from llmtrain_trainer.export import export_model
 from llmtrain_trainer.lifecycle import Lifecycle
 from llmtrain_trainer.loss import trained_tokens
 from llmtrain_trainer.metrics import BatchCounts, MetricsRecord, batch_counts
-from llmtrain_trainer.model import TrainingFlops, count_parameters, model_config, training_flops
+from llmtrain_trainer.model import (
+    TrainingFlops,
+    count_parameters,
+    model_config,
+    packed_row_length,
+    training_flops,
+)
 from llmtrain_trainer.modes import Refusal
 from llmtrain_trainer.optim import rebase_scheduler
 from llmtrain_trainer.rundir import checkpoint_name
@@ -188,7 +194,14 @@ class TrainingRun:
         if state.step >= self.total:
             return False
         batches = DistributedBatches(
-            data.train, training.micro_batch_size, env.rank, env.world_size, training.seed, pad_id, state.data
+            data.train,
+            training.micro_batch_size,
+            env.rank,
+            env.world_size,
+            training.seed,
+            pad_id,
+            state.data,
+            multiple_of=packed_row_length(config.dataset, strategy.attention),
         )
         flops = training_flops(model_config(config.model), strategy.model)
         # Packed text has the same number of trained tokens in every micro-batch: no need to count
@@ -365,7 +378,12 @@ class TrainingRun:
         totals = torch.zeros(2, dtype=torch.float64, device=self.env.device)
         strategy.train(False)
         for batch in evaluation_batches(
-            data.validation, self.config.training.micro_batch_size, self.env.rank, self.env.world_size, pad_id
+            data.validation,
+            self.config.training.micro_batch_size,
+            self.env.rank,
+            self.env.world_size,
+            pad_id,
+            packed_row_length(self.config.dataset, strategy.attention),
         ):
             totals[1] += trained_tokens(batch["labels"])  # on the CPU copy: no sync
             batch = {k: v.to(self.env.device) for k, v in batch.items()}

@@ -143,9 +143,9 @@ def training_arguments(config: TrainerConfig, output_dir: Path, evaluate: bool) 
     defaults = {
         "disable_tqdm": True,
         # num_input_tokens_seen in the logs: tokens/s in the progress records (ProgressToSinks).
-        # Packed rows are all tokens; padded ones are counted by their attention mask.
-        "include_num_input_tokens_seen": (
-            "all" if config.dataset.format == "text" and config.dataset.packs else "non_padding"
-        ),
+        # Padded rows are counted by their attention mask. Packed rows have none (it would switch
+        # off the document mask), and the Trainer has no tokenizer to find their padding by, so
+        # they count whole: text has no padding, packed examples only their row's short tail.
+        "include_num_input_tokens_seen": "all" if config.dataset.packs else "non_padding",
     }
     return TrainingArguments(**{**defaults, **passed, **derived})

@@ -270,6 +270,8 @@ def run_huggingface(config: TrainerConfig, env: WorkerEnv, run_dir: Path, run: L
         resumed_at=run.resume.step,
     )
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    attention = models.use_packed_attention(model, config.dataset, env.on_gpu)
+    multiple_of = models.packed_row_length(config.dataset, attention)
     if config.tracking is not None and config.tracking.tensorboard is not None:
         # transformers' TensorBoard integration (report_to) takes its folder from here only.
         os.environ["TENSORBOARD_LOGGING_DIR"] = str(tensorboard_dir(run_dir))
@@ -278,7 +280,7 @@ def run_huggingface(config: TrainerConfig, env: WorkerEnv, run_dir: Path, run: L
         args=args,
         train_dataset=data.train,
         eval_dataset=data.validation,
-        data_collator=lambda examples: collate(examples, pad_id),
+        data_collator=lambda examples: collate(examples, pad_id, multiple_of),
         callbacks=[
             ProgressToSinks(run),
             CheckpointToRunDir(run, output_dir),

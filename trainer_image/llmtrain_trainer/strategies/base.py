@@ -74,6 +74,9 @@ class Strategy(abc.ABC):
     """Whether `load` accepts a checkpoint written by a different number of workers."""
     compile_failures: CompileFailures | None = None
     """Set when the strategy compiled its blocks (training.compile): what failed to compile."""
+    attention = "sdpa"
+    """The model's attention kernel (`model.use_packed_attention`), set where the model is built;
+    `collate` pads flex_attention's rows to one length."""
 
     def __init__(
         self, config: TrainerConfig, env: WorkerEnv, total_steps: int, initial_weights: bool = True

@@ -37,6 +37,7 @@ class DdpStrategy(TorchNativeStrategy):
         base = models.apply_lora(base, config.method)
         # A LoRA base has no fp32 master (autocast then has nothing to cast for it).
         models.hold_frozen_in(base, self.dtype)
+        self.attention = models.use_packed_attention(base, config.dataset, env.on_gpu)
         if config.training.gradient_checkpointing:
             models.enable_gradient_checkpointing(base, config.training.checkpoint_every_blocks)
         if models.compile_wanted(config.training.compile, env.on_gpu):

@@ -131,6 +131,7 @@ class DeepSpeedStrategy(Strategy):
         del hf_ds_config
         torch.manual_seed(config.training.seed)
         model = models.apply_lora(model, config.method)
+        self.attention = models.use_packed_attention(model, config.dataset, env.on_gpu)
         if config.training.gradient_checkpointing:
             models.enable_gradient_checkpointing(model, config.training.checkpoint_every_blocks)
 

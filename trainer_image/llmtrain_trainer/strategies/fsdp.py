@@ -57,6 +57,7 @@ class FsdpStrategy(TorchNativeStrategy):
         model = models.apply_lora(model, config.method)
         # A LoRA base has no fp32 master: sharded and gathered in the compute dtype (no cast).
         models.hold_frozen_in(model, self.dtype)
+        self.attention = models.use_packed_attention(model, config.dataset, env.on_gpu)
         if config.training.gradient_checkpointing:
             models.enable_gradient_checkpointing(model, config.training.checkpoint_every_blocks)
         if models.compile_wanted(config.training.compile, env.on_gpu):
