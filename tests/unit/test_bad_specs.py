@@ -638,6 +638,24 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
         "checkpoint.exportBest",
         True,
     ),
+    (
+        "validation-file-and-split",
+        with_path(spec("dataset.validationSplit", 0.05), "spec.dataset.validationPath", "val.jsonl"),
+        "dataset.validationPath",
+        True,
+    ),
+    (
+        "eval-cadence-off-the-checkpoints",
+        with_path(
+            with_path(
+                spec("training.evalEverySteps", 30), "spec.checkpoint", {"keepBest": True, "everySteps": 100}
+            ),
+            "spec.dataset.validationSplit",
+            0.1,
+        ),
+        "training.evalEverySteps",
+        True,
+    ),
     ("early-stopping-zero-patience", spec("training", {"earlyStopping": {"patience": 0}}), "patience", True),
     # Inside the inline model config (preserve-unknown in the CRD): the API server accepts these;
     # `llmtrain validate` and the operator refuse them before anything is created.
