@@ -706,3 +706,15 @@ def test_object_storage_credentials_reach_head_and_workers_as_secret_references(
     config = TrainerConfig.model_validate_json(objects["ConfigMap"]["data"][CONFIG_FILENAME])
     assert config.dataset.path == "s3://corpus/tiny.txt"
     assert config.checkpoint.export_to == "s3://models/tiny"
+
+
+def test_a_relative_validation_path_lies_on_the_shared_storage_and_a_uri_stays_a_uri() -> None:
+    """dataset.validationPath resolves as dataset.path does: under storage.mountPath, or as is."""
+    relative = _gpu_job(dataset={"path": "data/train", "validationPath": "data/val.jsonl"})
+    config = _rendered_config(_stored(relative, "uid-1"))
+    assert config.dataset.path == "/mnt/llmtrain/data/train"
+    assert config.dataset.validation_path == "/mnt/llmtrain/data/val.jsonl"
+    uri = _gpu_job(
+        dataset={"path": "data/train", "validationPath": "gs://corpus/val.jsonl"},
+    )
+    assert _rendered_config(_stored(uri, "uid-1")).dataset.validation_path == "gs://corpus/val.jsonl"
