@@ -403,6 +403,30 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
     ),
     ("unknown-uri-scheme", spec("dataset", {"path": "ftp://host/data.txt"}), "dataset.path", True),
     (
+        "s3-validation-file-without-object-storage",
+        spec("dataset.validationPath", "s3://corpus/val.jsonl"),
+        "dataset.validationPath is an s3:// URI: set spec.objectStorage",
+        True,
+    ),
+    (
+        "validation-file-upper-case-bucket",
+        spec("dataset.validationPath", "gs://Corpus/val.jsonl"),
+        "dataset.validationPath: an object URI is s3://bucket/key",
+        True,
+    ),
+    (
+        "validation-file-outside-the-storage",
+        spec("dataset.validationPath", "data/../../etc/val.jsonl"),
+        "dataset.validationPath cannot contain a '..' segment",
+        True,
+    ),
+    (
+        "eval-cadence-without-validation",
+        spec("training.evalEverySteps", 50),
+        "training.evalEverySteps needs an evaluation",
+        True,
+    ),
+    (
         "export-to-not-a-uri",
         spec("checkpoint", {"exportTo": "/mnt/elsewhere"}),
         "checkpoint.exportTo",
