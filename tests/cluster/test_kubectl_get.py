@@ -20,7 +20,7 @@ from tests.support.cluster.steps import (
 )
 
 COLUMNS = ["NAME", "PHASE", "STRATEGY", "WORKERS", "GPUS", "PROGRESS", "LOSS", "AGE"]
-WIDE_COLUMNS = [*COLUMNS, "METHOD", "MODEL", "TOKENS/S", "ETA(S)", "RAYJOB", "MESSAGE"]
+WIDE_COLUMNS = [*COLUMNS, "EVALLOSS", "METHOD", "MODEL", "TOKENS/S", "ETA(S)", "RAYJOB", "MESSAGE"]
 # Every name manifests/crds declares: plural, singular, fully qualified, versioned, short name.
 NAMES = [
     "llmtrainingjobs",
@@ -60,6 +60,7 @@ def test_columns_show_phase_progress_and_loss_from_the_status(
         "loss": 1.2345,
         "tokensPerSecond": 5321.5,
         "etaSeconds": 3600,
+        "evalLoss": 1.5,
     }
     set_progress(cluster, namespace, "tiny", progress)
 
@@ -81,6 +82,7 @@ def test_columns_show_phase_progress_and_loss_from_the_status(
     status = job_status(cluster, namespace, "tiny")
     assert list(wide) == WIDE_COLUMNS, wide
     assert {k: wide[k] for k in WIDE_COLUMNS[len(COLUMNS) :]} == {
+        "EVALLOSS": "1.5",
         "METHOD": "lora",
         "MODEL": "Qwen/Qwen2.5-0.5B",
         "TOKENS/S": "5321.5",

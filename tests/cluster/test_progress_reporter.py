@@ -151,6 +151,7 @@ def test_patches_land_in_status_progress_only(
     sink.emit(step(10, 2.5))
     wait_for(lambda: progress(cluster, namespace, "lands").get("step") == 10, what="step 10 stored")
     checkpoint = f"/mnt/llmtrain/runs/{namespace}/lands/checkpoint_000001"
+    sink.emit(MetricsRecord("validation", 20, 100, val_loss=2.25, best_val_loss=2.125, best_step=15))
     sink.emit(step(20, 2.0, event="checkpoint", path=checkpoint))
     sink.close()
     assert sink.failures == 0, sink.failures
@@ -168,6 +169,10 @@ def test_patches_land_in_status_progress_only(
         "tokensPerSecond": 1234.5,
         "etaSeconds": 60,
         "lastCheckpoint": {"path": checkpoint, "step": 20},
+        "evalLoss": 2.25,
+        "evalStep": 20,
+        "bestEvalLoss": 2.125,
+        "bestStep": 15,
     }, stored
     assert isinstance(updated_at, str) and updated_at.endswith("Z"), updated_at
     # The operator's fields are left as it wrote them.

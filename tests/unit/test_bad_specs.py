@@ -407,6 +407,30 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
     ),
     ("unknown-uri-scheme", spec("dataset", {"path": "ftp://host/data.txt"}), "dataset.path", True),
     (
+        "s3-validation-file-without-object-storage",
+        spec("dataset.validationPath", "s3://corpus/val.jsonl"),
+        "dataset.validationPath is an s3:// URI: set spec.objectStorage",
+        True,
+    ),
+    (
+        "validation-file-upper-case-bucket",
+        spec("dataset.validationPath", "gs://Corpus/val.jsonl"),
+        "dataset.validationPath: an object URI is s3://bucket/key",
+        True,
+    ),
+    (
+        "validation-file-outside-the-storage",
+        spec("dataset.validationPath", "data/../../etc/val.jsonl"),
+        "dataset.validationPath cannot contain a '..' segment",
+        True,
+    ),
+    (
+        "eval-cadence-without-validation",
+        spec("training.evalEverySteps", 50),
+        "training.evalEverySteps needs an evaluation",
+        True,
+    ),
+    (
         "export-to-not-a-uri",
         spec("checkpoint", {"exportTo": "/mnt/elsewhere"}),
         "checkpoint.exportTo",
@@ -700,6 +724,24 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
         "export-best-without-validation",
         spec("checkpoint", {"exportBest": True}),
         "checkpoint.exportBest",
+        True,
+    ),
+    (
+        "validation-file-and-split",
+        with_path(spec("dataset.validationSplit", 0.05), "spec.dataset.validationPath", "val.jsonl"),
+        "dataset.validationPath",
+        True,
+    ),
+    (
+        "eval-cadence-off-the-checkpoints",
+        with_path(
+            with_path(
+                spec("training.evalEverySteps", 30), "spec.checkpoint", {"keepBest": True, "everySteps": 100}
+            ),
+            "spec.dataset.validationSplit",
+            0.1,
+        ),
+        "training.evalEverySteps",
         True,
     ),
     ("early-stopping-zero-patience", spec("training", {"earlyStopping": {"patience": 0}}), "patience", True),

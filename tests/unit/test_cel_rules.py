@@ -220,6 +220,19 @@ CASES.update(
             ({"path": "data/a..b.jsonl"}, {"path": "data/../x"}, None),
             ({"name": "d"}, {"path": ".."}, None),
         ],
+        _rule("dataset.validationPath cannot contain a '..' segment"): [
+            ({"validationPath": "val/a..b.jsonl"}, {"validationPath": "val/../x"}, None),
+            ({"path": "d"}, {"validationPath": ".."}, None),
+        ],
+        _rule("set only one of dataset.validationPath"): [
+            (
+                {"validationPath": "val.jsonl", "validationSplit": 0.0},
+                {"validationPath": "val.jsonl", "validationSplit": 0.05},
+                None,
+            ),
+            ({"validationSplit": 0.1}, {"validationSplit": 0.1, "validationPath": "v"}, None),
+            ({"validationPath": "v"}, {"validationSplit": 0.5, "validationPath": "s3://b/v"}, None),
+        ],
         _rule("resources.tolerations: operator Exists"): [
             ({"operator": "Exists"}, {"operator": "Exists", "value": "v"}, None),
             ({"operator": "Equal", "value": "v"}, {"operator": "Exists", "value": "x"}, None),
@@ -417,12 +430,17 @@ CASES[_rule("training.earlyStopping needs an evaluation")] = [
         None,
     ),
     (
+        {"training": {"earlyStopping": {"patience": 2}}, "dataset": {"validationPath": "val.jsonl"}},
+        {"training": {"earlyStopping": {"patience": 2}}, "dataset": {"validationSplit": 0.0}},
+        None,
+    ),
+    (
         {"training": {}, "dataset": {"validationSplit": 0.0}},
         {"training": {"earlyStopping": {"patience": 1}}, "dataset": {"validationSplit": 0.0}},
         None,
     ),
 ]
-CASES[_rule("checkpoint.keepBest and checkpoint.exportBest rank checkpoints")] = [
+CASES[_rule("checkpoint.keepBest and checkpoint.exportBest rank checkpoints by validation loss")] = [
     (
         {"checkpoint": {"exportBest": True}, "dataset": {"validationSplit": 0.1}},
         {"checkpoint": {"exportBest": True}, "dataset": {}},
@@ -431,6 +449,47 @@ CASES[_rule("checkpoint.keepBest and checkpoint.exportBest rank checkpoints")] =
     (
         {"checkpoint": {"keepBest": False}, "dataset": {}},
         {"checkpoint": {"keepBest": True}, "dataset": {"validationSplit": 0.0}},
+        None,
+    ),
+    (
+        {"checkpoint": {"keepBest": True}, "dataset": {"validationPath": "v"}},
+        {"checkpoint": {"keepBest": True}, "dataset": {"path": "v"}},
+        None,
+    ),
+]
+CASES[_rule("training.evalEverySteps needs an evaluation")] = [
+    (
+        {"training": {"evalEverySteps": 10}, "dataset": {"validationPath": "v"}},
+        {"training": {"evalEverySteps": 10}, "dataset": {"validationSplit": 0.0}},
+        None,
+    ),
+    (
+        {"training": {"evalEverySteps": 10}, "dataset": {"validationSplit": 0.1}},
+        {"training": {"evalEverySteps": 10}, "dataset": {}},
+        None,
+    ),
+]
+# Only evaluations at a checkpoint's step rank checkpoints: each checkpoint step must be an
+# evaluation step (checkpoint.everySteps defaults to 500).
+CASES[_rule("checkpoint.keepBest and checkpoint.exportBest rank checkpoints by the evaluation")] = [
+    (
+        {"training": {"evalEverySteps": 25}, "checkpoint": {"keepBest": True, "everySteps": 100}},
+        {"training": {"evalEverySteps": 30}, "checkpoint": {"keepBest": True, "everySteps": 100}},
+        None,
+    ),
+    (
+        {"training": {"evalEverySteps": 250}, "checkpoint": {"exportBest": True}},
+        {"training": {"evalEverySteps": 300}, "checkpoint": {"exportBest": True}},
+        None,
+    ),
+    (
+        {"training": {"evalEverySteps": 30}, "checkpoint": {"everySteps": 100}},
+        {"training": {"evalEverySteps": 1000}, "checkpoint": {"keepBest": True, "exportBest": False}},
+        None,
+    ),
+    (
+        {"training": {}, "checkpoint": {"keepBest": True, "everySteps": 7}},
+        {"training": {"evalEverySteps": 2}, "checkpoint": {"keepBest": True, "everySteps": 7}},
         None,
     ),
 ]
@@ -443,6 +502,7 @@ _GCS = {"gcs": {"credentialsSecretRef": {"name": "g", "key": "key.json"}}}
 _AZURE = {"azure": {"accountName": "acct", "accountKeySecretRef": {"name": "a", "key": "key"}}}
 for _field, _wrap in [
     ("dataset.path", lambda v: {"dataset": {"path": v}, "model": {}, "checkpoint": {}}),
+    ("dataset.validationPath", lambda v: {"dataset": {"validationPath": v}, "model": {}, "checkpoint": {}}),
     ("model.name", lambda v: {"model": {"name": v}, "dataset": {}, "checkpoint": {}}),
     (
         "resumeFrom.checkpoint",
@@ -456,6 +516,7 @@ for _field, _wrap in [
     ]
 for _field, _wrap in [
     ("dataset.path", lambda v: {"dataset": {"path": v}, "model": {}, "checkpoint": {}}),
+    ("dataset.validationPath", lambda v: {"dataset": {"validationPath": v}, "model": {}, "checkpoint": {}}),
     ("model.name", lambda v: {"model": {"name": v}, "dataset": {}, "checkpoint": {}}),
     (
         "resumeFrom.checkpoint",

@@ -56,3 +56,44 @@ def test_notices_accumulate_once_each_and_stay_within_the_crds_bounds() -> None:
     assert len(state["notices"]) == NOTICES_MAX and state["notices"][-1].startswith(f"n{NOTICES_MAX + 1} ")
     assert all(len(n) <= NOTICE_MAX_LENGTH for n in state["notices"])
     assert Progress.model_validate(state).to_patch() == state
+
+
+def test_evaluations_report_the_latest_and_the_best_loss() -> None:
+    """status.progress.evalLoss/evalStep follow every evaluation; bestEvalLoss/bestStep are the
+    trainer's own best when the record carries it (the builtin loop: minDelta-aware, kept across a
+    resume), else the lowest loss this reporter has seen (the huggingface trainer)."""
+    state = progress_fields({}, MetricsRecord("validation", 5, 20, time=0.0, val_loss=2.5))
+    assert (state["evalLoss"], state["evalStep"], state["bestEvalLoss"], state["bestStep"]) == (
+        2.5,
+        5,
+        2.5,
+        5,
+    )
+    state = progress_fields(state, MetricsRecord("validation", 10, 20, time=1.0, val_loss=2.75))
+    assert (state["evalLoss"], state["evalStep"], state["bestEvalLoss"], state["bestStep"]) == (
+        2.75,
+        10,
+        2.5,
+        5,
+    )
+    state = progress_fields(state, MetricsRecord("validation", 15, 20, time=2.0, val_loss=2.0))
+    assert (state["bestEvalLoss"], state["bestStep"]) == (2.0, 15)
+    # The trainer's best wins: 1.99 is not an improvement by more than its minDelta.
+    state = progress_fields(
+        state, MetricsRecord("validation", 20, 20, time=3.0, val_loss=1.99, best_val_loss=2.0, best_step=15)
+    )
+    assert (state["evalLoss"], state["bestEvalLoss"], state["bestStep"]) == (1.99, 2.0, 15)
+    # A later step report keeps them; a diverged loss reports nothing.
+    state = progress_fields(state, MetricsRecord("step", 20, 20, time=4.0, loss=1.0))
+    state = progress_fields(state, MetricsRecord("validation", 21, 30, time=5.0, val_loss=float("nan")))
+    assert (state["evalLoss"], state["evalStep"], state["bestEvalLoss"]) == (1.99, 20, 2.0)
+    assert Progress.model_validate(state).to_patch() == state
+
+
+def test_the_best_evaluation_fields_are_in_the_crds_status_schema() -> None:
+    """The operator's CRD declares what the reporter writes (both derive from `Progress`)."""
+    from llmtrain.api.crd import openapi_schema
+
+    progress = openapi_schema()["properties"]["status"]["properties"]["progress"]["properties"]
+    for name in ("evalLoss", "evalStep", "bestEvalLoss", "bestStep"):
+        assert progress[name]["type"] in {"number", "integer"}, name

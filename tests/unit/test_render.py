@@ -771,3 +771,15 @@ def test_gcs_and_azure_credentials_reach_head_and_workers_as_secret_references()
     assert config.checkpoint.export_to == "az://models/tiny"
     assert config.object_storage is not None and config.object_storage.azure is not None
     assert config.object_storage.azure.account_name == "llmtrainstore"
+
+
+def test_a_relative_validation_path_lies_on_the_shared_storage_and_a_uri_stays_a_uri() -> None:
+    """dataset.validationPath resolves as dataset.path does: under storage.mountPath, or as is."""
+    relative = _gpu_job(dataset={"path": "data/train", "validationPath": "data/val.jsonl"})
+    config = _rendered_config(_stored(relative, "uid-1"))
+    assert config.dataset.path == "/mnt/llmtrain/data/train"
+    assert config.dataset.validation_path == "/mnt/llmtrain/data/val.jsonl"
+    uri = _gpu_job(
+        dataset={"path": "data/train", "validationPath": "gs://corpus/val.jsonl"},
+    )
+    assert _rendered_config(_stored(uri, "uid-1")).dataset.validation_path == "gs://corpus/val.jsonl"

@@ -56,17 +56,18 @@ class Example:
 # ----------------------------------------------------------------------------- loading records
 
 
-def data_files(path: Path) -> tuple[str, list[str]]:
-    """The `datasets` builder and file list for a file or a folder of .jsonl/.parquet/.txt files."""
+def data_files(path: Path, field: str = "dataset.path") -> tuple[str, list[str]]:
+    """The `datasets` builder and file list for a file or a folder of .jsonl/.parquet/.txt files;
+    `field` names the setting in the errors."""
     if not path.exists():
-        raise DataError(f"dataset.path {str(path)!r} does not exist")
+        raise DataError(f"{field} {str(path)!r} does not exist")
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     files = [p for p in files if p.suffix in _BUILDER_BY_SUFFIX and not p.name.startswith(".")]
     if not files:
-        raise DataError(f"dataset.path {str(path)!r} holds no .jsonl, .json, .parquet or .txt files")
+        raise DataError(f"{field} {str(path)!r} holds no .jsonl, .json, .parquet or .txt files")
     builders = {_BUILDER_BY_SUFFIX[p.suffix] for p in files}
     if len(builders) > 1:
-        raise DataError(f"dataset.path {str(path)!r} mixes file types {sorted(builders)}; use one type")
+        raise DataError(f"{field} {str(path)!r} mixes file types {sorted(builders)}; use one type")
     return builders.pop(), [str(p) for p in files]
 
 
@@ -235,9 +236,18 @@ def _supervised_batch(
 _CACHE_FORMAT = 1
 """Bumped whenever the encoding code changes its output, so older caches are not reused."""
 
-_SPEC_FIELDS_NOT_IN_KEY = {"name", "path", "split", "validation_split", "packing", "tokenize_processes"}
+_SPEC_FIELDS_NOT_IN_KEY = {
+    "name",
+    "path",
+    "split",
+    "validation_split",
+    "validation_path",
+    "packing",
+    "tokenize_processes",
+}
 """DatasetSpec fields that do not change the tokenised rows (the data itself is keyed separately,
-the validation split is cut after loading, packing is keyed as resolved). Any other field, present
+the validation split is cut after loading, a validation file is tokenised as a dataset of its own,
+packing is keyed as resolved). Any other field, present
 or future, is in the key."""
 
 
@@ -444,12 +454,21 @@ class SequenceData:
     skips counting them across ranks at every step."""
 
 
+def validation_spec(spec: DatasetSpec) -> DatasetSpec:
+    """dataset.validationPath as a dataset of its own: the same format and encoding settings, so it
+    is tokenised like the training data and cached under a key of its own files."""
+    assert spec.validation_path is not None
+    return spec.model_copy(update={"name": None, "path": spec.validation_path, "validation_path": None})
+
+
 def build_sequences(
     spec: DatasetSpec, tokenizer: PreTrainedTokenizerBase, seed: int, cache_root: Path | None = None
 ) -> SequenceData:
     sequences = cached_tokenize(spec, tokenizer, cache_root)
     validation = None
-    if spec.validation_split > 0 and len(sequences) >= 2:
+    if spec.validation_path is not None:
+        validation = cached_tokenize(validation_spec(spec), tokenizer, cache_root)
+    elif spec.validation_split > 0 and len(sequences) >= 2:
         parts = sequences.train_test_split(test_size=spec.validation_split, seed=seed, shuffle=True)
         sequences, validation = parts["train"], parts["test"]
     return SequenceData(sequences, validation, fixed_label_count=spec.format == "text" and spec.packs)

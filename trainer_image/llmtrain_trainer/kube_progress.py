@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import math
 import os
 import ssl
 import threading
@@ -94,6 +95,8 @@ def progress_fields(state: dict[str, Any], record: MetricsRecord) -> dict[str, A
             if seconds is None
             else CheckpointRef(path=record.path, step=record.step, seconds=round(seconds, 3))
         )
+    if record.event == "validation" and record.val_loss is not None and math.isfinite(record.val_loss):
+        changes.update(eval_fields(state, record))
     if record.event == "finished":
         changes["eta_seconds"] = 0
     if record.event == "notice" and record.message:
@@ -102,6 +105,22 @@ def progress_fields(state: dict[str, Any], record: MetricsRecord) -> dict[str, A
         if notice not in notices:
             changes["notices"] = [*notices, notice][-NOTICES_MAX:]
     return Progress.model_validate(state).model_copy(update=changes).to_patch()
+
+
+def eval_fields(state: dict[str, Any], record: MetricsRecord) -> dict[str, Any]:
+    """evalLoss/evalStep, and bestEvalLoss/bestStep: the trainer's own best when the record carries
+    it (the builtin loop's, minDelta-aware and restored on resume), else the lowest seen here."""
+    assert record.val_loss is not None
+    loss = round(float(record.val_loss), 6)
+    changes: dict[str, Any] = {"eval_loss": loss, "eval_step": record.step}
+    if record.best_val_loss is not None and record.best_step is not None:
+        changes["best_eval_loss"] = round(float(record.best_val_loss), 6)
+        changes["best_step"] = record.best_step
+    else:
+        best = state.get("bestEvalLoss")
+        if best is None or loss < float(best):
+            changes["best_eval_loss"], changes["best_step"] = loss, record.step
+    return changes
 
 
 class KubernetesProgressSink:

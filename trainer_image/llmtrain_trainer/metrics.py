@@ -62,6 +62,9 @@ class MetricsRecord:
     epoch: int | None = None
     tokens_seen: int | None = None
     val_loss: float | None = None
+    best_val_loss: float | None = None
+    """On a validation record: the lowest validation loss so far (the trainer's own rule)."""
+    best_step: int | None = None
     path: str | None = None
     checkpoint_seconds: float | None = None
     """On a checkpoint record: how long training paused for it (save and validation)."""

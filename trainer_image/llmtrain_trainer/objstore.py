@@ -1,6 +1,6 @@
 """Object-store URIs (s3://, gs://, az://) in, and the export out, through pyarrow's filesystems.
 
-In: before any worker starts, the driver copies each URI of dataset.path, model.name,
+In: before any worker starts, the driver copies each URI of dataset.path (and validationPath), model.name,
 model.tokenizer and resumeFrom.checkpoint into a cache on the shared storage and hands the workers
 the local copy, so ranks never download and a retry finds the copy. The cache key is the URI plus
 each object's size and modification time (pyarrow reports no ETag), so a changed object is copied
@@ -235,6 +235,10 @@ def stage_inputs(config: TrainerConfig, resuming: bool = False) -> TrainerConfig
     if is_object_uri(dataset.path):
         assert dataset.path is not None
         dataset = dataset.model_copy(update={"path": str(fetch(dataset.path, root, settings))})
+    if is_object_uri(dataset.validation_path):
+        assert dataset.validation_path is not None
+        staged = str(fetch(dataset.validation_path, root, settings))
+        dataset = dataset.model_copy(update={"validation_path": staged})
     # Only a run's first attempt reads resumeFrom: a retry resumes its own checkpoints.
     if source is not None and is_object_uri(source.checkpoint) and not resuming:
         assert source.checkpoint is not None

@@ -85,6 +85,8 @@ def _check_tracking(config: TrainerConfig) -> None:
 def _check_dataset(config: TrainerConfig) -> None:
     if config.dataset.path is not None:
         data_files(Path(config.dataset.path))  # raises DataError naming the path
+    if config.dataset.validation_path is not None:
+        data_files(Path(config.dataset.validation_path), "dataset.validationPath")
 
 
 def _check_tokenizer(config: TrainerConfig, vocab_size: int) -> None:

@@ -60,6 +60,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Progress", "type": "string", "jsonPath": ".status.progress.summary"},
     {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {"name": "EvalLoss", "type": "number", "jsonPath": ".status.progress.evalLoss", "priority": 1},
     {"name": "Method", "type": "string", "jsonPath": ".spec.method.type", "priority": 1},
     {"name": "Model", "type": "string", "jsonPath": ".spec.model.name", "priority": 1},
     {"name": "Tokens/s", "type": "number", "jsonPath": ".status.progress.tokensPerSecond", "priority": 1},

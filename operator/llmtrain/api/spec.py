@@ -53,6 +53,8 @@ INT32_MAX = 2**31 - 1
 # minutes, and a job whose pods cannot start should not hold the GPUs of the pods that did for
 # longer than that (Kueue's waitForPodsReady defaults to 5 minutes for the same purpose).
 DEFAULT_STARTUP_DEADLINE_SECONDS = 900
+# checkpoint.everySteps when unset (also in the CEL rule that relates it to training.evalEverySteps).
+DEFAULT_CHECKPOINT_EVERY_STEPS = 500
 
 # spec.resumeFrom.run: '<job name>/<run id>' or '<run id>' (a uid, or a local run's job file stem).
 RUN_REF_PATTERN = r"^([a-z]([-a-z0-9]*[a-z0-9])?/)?[A-Za-z0-9][-A-Za-z0-9_.]*$"
@@ -125,6 +127,18 @@ class DatasetSpec(ApiModel):
                     "storage.mountPath",
                     ".path",
                 ),
+                cel(
+                    "!has(self.validationPath) || !self.validationPath.matches('(^|/)\\\\.\\\\.(/|$)')",
+                    "dataset.validationPath cannot contain a '..' segment: a relative path stays under "
+                    "storage.mountPath",
+                    ".validationPath",
+                ),
+                cel(
+                    "!has(self.validationPath) || !has(self.validationSplit) || self.validationSplit == 0.0",
+                    "set only one of dataset.validationPath (a held-out file) and dataset.validationSplit "
+                    "(a fraction of dataset.path held out): drop validationSplit, or validationPath",
+                    ".validationPath",
+                ),
             ]
         }
     )
@@ -177,7 +191,15 @@ class DatasetSpec(ApiModel):
         default=0.0,
         ge=0.0,
         le=0.5,
-        description="Fraction of the data held out for validation loss; 0 disables it.",
+        description="Fraction of the data held out for validation loss; 0 disables it. Exclusive "
+        "with validationPath.",
+    )
+    validation_path: Annotated[str, Field(min_length=1, max_length=1024)] | None = Field(
+        default=None,
+        description="A held-out file or directory for the validation loss, in the same formats and "
+        "location kinds as dataset.path (absolute, relative to storage.mountPath, or an object URI), "
+        "tokenised and cached the same way; the training data is then used whole. Exclusive with "
+        "validationSplit.",
     )
     tokenize_processes: int | None = Field(
         default=None,
@@ -323,7 +345,8 @@ class EarlyStoppingSpec(ApiModel):
     patience: int = Field(
         ge=1,
         le=100_000,
-        description="Evaluations in a row (one at each checkpoint) without an improvement after which "
+        description="Evaluations in a row (training.evalEverySteps, else one at each checkpoint) without "
+        "an improvement after which "
         "the run stops, successfully.",
     )
     min_delta: float = Field(
@@ -404,11 +427,22 @@ class TrainingSpec(ApiModel):
     log_every_steps: int = Field(
         default=10, ge=1, le=100_000, description="Steps between metric reports (loss, tokens/s, MFU)."
     )
+    eval_every_steps: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000_000,
+        description="Optimizer steps between evaluations of the validation loss (dataset.validationSplit "
+        "or validationPath). Unset: at every checkpoint. Each evaluation counts for earlyStopping and "
+        "status.progress.evalLoss/bestEvalLoss; only those at checkpoint steps can rank checkpoints, so "
+        "with checkpoint.keepBest or exportBest, checkpoint.everySteps must be a multiple of it. The "
+        "huggingface trainer maps it to eval_steps.",
+    )
     early_stopping: EarlyStoppingSpec | None = Field(
         default=None,
-        description="Stop when the validation loss (dataset.validationSplit, evaluated at every "
-        "checkpoint) has not improved for `patience` evaluations. The builtin and huggingface "
-        "trainers apply it; a custom function reads it from its config.",
+        description="Stop when the validation loss (dataset.validationSplit or validationPath, evaluated "
+        "every evalEverySteps steps or at every checkpoint) has not improved for `patience` "
+        "evaluations. The builtin and huggingface trainers apply it; a custom function reads it from "
+        "its config.",
     )
 
 
@@ -433,7 +467,10 @@ class CheckpointSpec(ApiModel):
     )
 
     every_steps: int = Field(
-        default=500, ge=1, le=10_000_000, description="Optimizer steps between checkpoints."
+        default=DEFAULT_CHECKPOINT_EVERY_STEPS,
+        ge=1,
+        le=10_000_000,
+        description="Optimizer steps between checkpoints.",
     )
     keep: int = Field(default=3, ge=1, le=1000, description="Checkpoints kept (oldest deleted first).")
     async_save: bool = Field(
@@ -468,12 +505,12 @@ class CheckpointSpec(ApiModel):
         default=False,
         description="trainer.type builtin: rotate by validation loss, keeping the `keep` checkpoints "
         "with the lowest one (and always the latest, to resume from) instead of the newest. Needs "
-        "dataset.validationSplit.",
+        "dataset.validationSplit or validationPath.",
     )
     export_best: bool = Field(
         default=False,
         description="Export the checkpoint with the lowest validation loss instead of the final weights "
-        "(implies keepBest). Needs dataset.validationSplit.",
+        "(implies keepBest). Needs dataset.validationSplit or validationPath.",
     )
 
 
@@ -1060,9 +1097,20 @@ class ResumeFromSpec(ApiModel):
     )
 
 
+# An evaluation is configured: a held-out fraction or a held-out file.
+_EVALUATES = (
+    "(has(self.dataset.validationPath) || "
+    "(has(self.dataset.validationSplit) && self.dataset.validationSplit > 0.0))"
+)
+_RANKS_CHECKPOINTS = (
+    "((has(self.checkpoint.keepBest) && self.checkpoint.keepBest) || "
+    "(has(self.checkpoint.exportBest) && self.checkpoint.exportBest))"
+)
+
 # The fields that take a path on the shared storage or an object URI: (CEL presence test, CEL value).
 _URI_FIELDS = {
     "dataset.path": ("has(self.dataset.path)", "self.dataset.path"),
+    "dataset.validationPath": ("has(self.dataset.validationPath)", "self.dataset.validationPath"),
     "model.name": ("has(self.model.name)", "self.model.name"),
     "resumeFrom.checkpoint": (
         "has(self.resumeFrom) && has(self.resumeFrom.checkpoint)",
@@ -1178,19 +1226,30 @@ class LLMTrainingJobSpec(ApiModel):
                     ".podTemplate.volumeMounts",
                 ),
                 cel(
-                    "!has(self.training.earlyStopping) || (has(self.dataset.validationSplit) && "
-                    "self.dataset.validationSplit > 0.0)",
+                    f"!has(self.training.earlyStopping) || {_EVALUATES}",
                     "training.earlyStopping needs an evaluation: set dataset.validationSplit (e.g. 0.05) "
-                    "or drop earlyStopping",
+                    "or dataset.validationPath, or drop earlyStopping",
                     ".training.earlyStopping",
                 ),
                 cel(
-                    "!(has(self.checkpoint.keepBest) && self.checkpoint.keepBest) && "
-                    "!(has(self.checkpoint.exportBest) && self.checkpoint.exportBest) || "
-                    "(has(self.dataset.validationSplit) && self.dataset.validationSplit > 0.0)",
+                    f"!has(self.training.evalEverySteps) || {_EVALUATES}",
+                    "training.evalEverySteps needs an evaluation: set dataset.validationSplit (e.g. 0.05) "
+                    "or dataset.validationPath, or drop evalEverySteps",
+                    ".training.evalEverySteps",
+                ),
+                cel(
+                    f"!{_RANKS_CHECKPOINTS} || {_EVALUATES}",
                     "checkpoint.keepBest and checkpoint.exportBest rank checkpoints by validation loss: "
-                    "set dataset.validationSplit (e.g. 0.05) or drop them",
+                    "set dataset.validationSplit (e.g. 0.05) or dataset.validationPath, or drop them",
                     ".checkpoint",
+                ),
+                cel(
+                    f"!{_RANKS_CHECKPOINTS} || !has(self.training.evalEverySteps) || "
+                    "(has(self.checkpoint.everySteps) ? self.checkpoint.everySteps : "
+                    f"{DEFAULT_CHECKPOINT_EVERY_STEPS}) % self.training.evalEverySteps == 0",
+                    "checkpoint.keepBest and checkpoint.exportBest rank checkpoints by the evaluation at "
+                    "their step: make checkpoint.everySteps a multiple of training.evalEverySteps",
+                    ".training.evalEverySteps",
                 ),
                 cel(
                     "has(self.resumeFrom) == has(oldSelf.resumeFrom)",

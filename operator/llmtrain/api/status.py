@@ -63,6 +63,16 @@ class Progress(ApiModel):
     mfu: float | None = Field(default=None, ge=0, description="Model FLOPs utilisation (0-1), when known.")
     eta_seconds: int | None = Field(default=None, ge=0, description="Estimated seconds to the end.")
     last_checkpoint: CheckpointRef | None = Field(default=None, description="Latest checkpoint.")
+    eval_loss: float | None = Field(
+        default=None, description="Validation loss of the latest evaluation (training.evalEverySteps)."
+    )
+    eval_step: int | None = Field(default=None, ge=0, description="Step of the latest evaluation.")
+    best_eval_loss: float | None = Field(
+        default=None,
+        description="Lowest validation loss so far (an improvement beats it by more than "
+        "training.earlyStopping.minDelta), over every evaluation.",
+    )
+    best_step: int | None = Field(default=None, ge=0, description="Step of bestEvalLoss.")
     error: str | None = Field(
         default=None,
         max_length=ERROR_MAX_LENGTH,

@@ -62,6 +62,8 @@ def _build(
     dataset = spec.dataset
     if dataset.path:
         dataset = dataset.model_copy(update={"path": _resolve(dataset.path, base)})
+    if dataset.validation_path:
+        dataset = dataset.model_copy(update={"validation_path": _resolve(dataset.validation_path, base)})
     trainer = spec.trainer
     if trainer.custom is not None and trainer.custom.path:
         custom = trainer.custom.model_copy(update={"path": _resolve(trainer.custom.path, base)})

@@ -24,7 +24,7 @@ from llmtrain_trainer.data import (
 )
 from llmtrain_trainer.tokenizer import ASSISTANT, byte_level_tokenizer
 
-from tests.support.trainer import TINY_STORIES
+from tests.support.trainer import TINY_STORIES, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +142,37 @@ def test_validation_split(tokenizer) -> None:  # type: ignore[no-untyped-def]
     assert data.validation is not None
     total = len(data.train) + len(data.validation)
     assert abs(len(data.validation) - 0.1 * total) <= 1
+
+
+def test_a_validation_file_is_tokenised_and_cached_as_a_dataset_of_its_own(  # type: ignore[no-untyped-def]
+    tokenizer, tmp_path: Path
+) -> None:
+    """dataset.validationPath: the training data stays whole, the file is encoded with the same
+    settings and cached under its own key; a second build reads both from the cache."""
+    stories = TINY_STORIES.read_text().split("\n\n")
+    held_out = tmp_path / "val" / "held-out.txt"
+    held_out.parent.mkdir()
+    held_out.write_text("\n\n".join(stories[:40]))
+    spec = DatasetSpec(path=str(TINY_STORIES), max_seq_length=64, validation_path=str(held_out.parent))
+    cache = tmp_path / "cache"
+    built = build_sequences(spec, tokenizer, seed=0, cache_root=cache)
+    whole = build_sequences(DatasetSpec(path=str(TINY_STORIES), max_seq_length=64), tokenizer, seed=0)
+    assert built.validation is not None
+    assert len(built.train) == len(whole.train)
+    expected = tokenize(data.load_records(data.validation_spec(spec)), tokenizer, data.validation_spec(spec))
+    assert built.validation["input_ids"] == expected["input_ids"]
+    assert 0 < len(built.validation) < len(built.train)
+    assert len([p for p in cache.iterdir() if not p.name.startswith(".")]) == 2
+    again = build_sequences(spec, tokenizer, seed=0, cache_root=cache)
+    assert again.validation is not None and again.validation["input_ids"] == expected["input_ids"]
+
+
+def test_a_missing_validation_file_is_named_before_training(tmp_path: Path) -> None:
+    from llmtrain_trainer.preflight import _check_dataset
+
+    config = tiny_config(tmp_path, "val", dataset={"validationPath": str(tmp_path / "nowhere.jsonl")})
+    with pytest.raises(DataError, match=r"dataset\.validationPath .*nowhere.* does not exist"):
+        _check_dataset(config)
 
 
 def test_missing_dataset_path_is_named(tokenizer, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

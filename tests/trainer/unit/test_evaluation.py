@@ -7,7 +7,7 @@ import math
 
 from llmtrain.api.spec import EarlyStoppingSpec
 from llmtrain_trainer.checkpoint import TrainerState
-from llmtrain_trainer.evaluation import EvalTracker
+from llmtrain_trainer.evaluation import EvalTracker, evaluates_at
 
 
 def feed(tracker: EvalTracker, losses: list[float], rule: EarlyStoppingSpec | None) -> int | None:
@@ -77,3 +77,37 @@ def test_a_restart_continues_from_the_checkpoints_state() -> None:
 def test_a_checkpoint_without_evaluation_state_starts_fresh() -> None:
     state = TrainerState.from_dict({"step": 5})
     assert EvalTracker.from_dict(state.evaluation) == EvalTracker()
+
+
+def test_the_cadence_evaluates_every_n_steps_or_at_checkpoints() -> None:
+    """Unset: at checkpoints only. Set: every N steps; a checkpoint off that grid evaluates only
+    when keepBest/exportBest rank it (its score must be its own step's loss)."""
+    assert [s for s in range(1, 31) if evaluates_at(s, None, s % 10 == 0, False)] == [10, 20, 30]
+    assert [s for s in range(1, 31) if evaluates_at(s, 4, s % 10 == 0, False)] == [4, 8, 12, 16, 20, 24, 28]
+    # The end-of-run checkpoint (step 30, off the grid of 4) is scored when ranked.
+    ranked = [s for s in range(1, 31) if evaluates_at(s, 4, s % 10 == 0 or s == 30, True)]
+    assert ranked == [4, 8, 10, 12, 16, 20, 24, 28, 30]
+
+
+def test_only_evaluations_at_checkpoints_mark_the_best_checkpoint() -> None:
+    """A better loss between checkpoints lowers the best loss (status, early stopping) but the best
+    checkpoint stays the best one that exists; both survive a restart."""
+    rule = EarlyStoppingSpec(patience=5, min_delta=0.01)
+    tracker = EvalTracker()
+    for step, loss in [(5, 3.0), (10, 2.5), (15, 1.0), (20, 2.0), (25, 2.2), (30, 1.995)]:
+        tracker.observe(step, loss, rule)
+        if step % 10 == 0:
+            tracker.checkpointed(step, loss, rule)
+    assert (tracker.best_loss, tracker.best_step) == (1.0, 15)
+    # 1.995 at step 30 is not better than 2.0 by more than minDelta: step 20 stays the best checkpoint.
+    assert (tracker.best_checkpoint_loss, tracker.best_checkpoint_step) == (2.0, 20)
+    restored = EvalTracker.from_dict(
+        TrainerState.from_dict(TrainerState(evaluation=tracker.to_dict()).to_dict()).evaluation
+    )
+    assert restored == tracker
+
+
+def test_a_checkpoint_from_before_the_cadence_setting_keeps_its_best_checkpoint() -> None:
+    """Its evaluations were all at checkpoints: the best one was a checkpoint."""
+    old = EvalTracker.from_dict({"best_loss": 1.5, "best_step": 40, "since_best": 2})
+    assert (old.best_checkpoint_loss, old.best_checkpoint_step) == (1.5, 40)

@@ -140,3 +140,20 @@ def test_tokens_seen_count_packed_rows_whole_and_padded_rows_by_their_mask(
     assert (
         training_arguments(config, tmp_path / "out", evaluate=False).include_num_input_tokens_seen == counted
     )
+
+
+def test_the_evaluation_cadence_maps_to_eval_steps(tmp_path: Path) -> None:
+    """training.evalEverySteps → eval_steps, apart from save_steps; with exportBest the API keeps
+    save_steps a multiple of it, which the Trainer demands for load_best_model_at_end."""
+    config = tiny_config(
+        tmp_path,
+        "hf",
+        strategy={"type": "ddp"},
+        trainer={"type": "huggingface"},
+        dataset={"validationPath": "val.jsonl"},
+        training={"evalEverySteps": 5, "earlyStopping": {"patience": 2}},
+        checkpoint={"everySteps": 20, "exportBest": True},
+    )
+    args = training_arguments(config, tmp_path / "out", evaluate=True)
+    assert (args.eval_strategy, args.eval_steps, args.save_steps) == ("steps", 5, 20)
+    assert args.load_best_model_at_end  # the Trainer accepts the pair (20 is a multiple of 5)

@@ -14,7 +14,7 @@ import yaml
 from llmtrain.api.trainer_config import TrainerConfig
 from llmtrain_trainer.rundir import RESULT_FILE, RunResult, checkpoint_name, complete_checkpoints
 
-from tests.support.trainer import REPO, losses, result, run_dir, tiny_config, write_config
+from tests.support.trainer import REPO, TINY_STORIES, losses, result, run_dir, tiny_config, write_config
 
 NO_RAY = 'import sys\nsys.modules["ray"] = None  # this machine has no Ray: any import of it fails\n'
 
@@ -63,6 +63,65 @@ def test_one_process_trains_keeps_checkpoints_and_resumes_without_ray(tmp_path: 
     assert _steps(second) == [8, 10]
     assert set(losses(second)) == set(range(1, 11))
     assert all(losses(second)[step] == trained[step] for step in range(1, 7))  # steps 1-6 not redone
+
+
+def test_evaluation_every_n_steps_from_a_validation_file_reports_the_best(tmp_path: Path) -> None:
+    """dataset.validationPath with training.evalEverySteps 2 and checkpoints every 4 (exportBest):
+    the loss is evaluated every 2 steps from the held-out file, status.progress gets the latest and
+    best evaluation, and the best checkpoint is one evaluated at its own step."""
+    from llmtrain.api.status import Progress
+    from llmtrain_trainer.kube_progress import progress_fields
+    from llmtrain_trainer.progress import read_records
+    from llmtrain_trainer.rundir import METRICS_FILE
+
+    stories = TINY_STORIES.read_text().split("\n\n")
+    held_out = tmp_path / "held-out.txt"
+    held_out.write_text("\n\n".join(stories[:30]))
+    config = tiny_config(
+        tmp_path,
+        "cadence",
+        scaling={"numWorkers": 1},
+        dataset={"validationPath": str(held_out)},
+        training={"maxSteps": 10, "evalEverySteps": 2},
+        checkpoint={"everySteps": 4, "keep": 5, "exportBest": True, "export": True},
+    )
+    _launch(config, tmp_path)
+    records = read_records(run_dir(config) / METRICS_FILE)
+    evaluations = {r.step: r for r in records if r.event == "validation"}
+    # Every 2 steps; step 10 also closes the run with a checkpoint, on the grid of 2 anyway.
+    assert sorted(evaluations) == [2, 4, 6, 8, 10]
+    losses_at = {step: r.val_loss for step, r in evaluations.items()}
+    assert all(loss is not None and 0 < loss < 10 for loss in losses_at.values())
+    best_step = min(losses_at, key=lambda s: losses_at[s])  # type: ignore[arg-type, return-value]
+    status: dict[str, object] = {}
+    for record in records:
+        status = progress_fields(status, record)
+    assert status["evalLoss"] == round(losses_at[10], 6)  # type: ignore[arg-type]
+    assert (status["bestEvalLoss"], status["bestStep"]) == (round(losses_at[best_step], 6), best_step)  # type: ignore[arg-type]
+    assert Progress.model_validate(status).to_patch() == status
+    # The exported best is the best of the checkpointed evaluations (steps 4, 8, 10).
+    done = result(config)
+    best_checkpoint = min((4, 8, 10), key=lambda s: losses_at[s])  # type: ignore[arg-type, return-value]
+    assert done["best_checkpoint"] == str(run_dir(config) / checkpoint_name(best_checkpoint))
+    assert done["best_val_loss"] == losses_at[best_checkpoint]
+    assert _steps(config) == [4, 8, 10]
+
+
+def test_early_stopping_between_checkpoints_saves_the_state_it_stops_with(tmp_path: Path) -> None:
+    """An evaluation off the checkpoint grid ends the run (patience 1, an unreachable minDelta):
+    the run stops there, successfully, and checkpoints that step as it would its last."""
+    config = tiny_config(
+        tmp_path,
+        "stop",
+        scaling={"numWorkers": 1},
+        dataset={"validationSplit": 0.2},
+        training={"maxSteps": 20, "evalEverySteps": 3, "earlyStopping": {"patience": 1, "minDelta": 100}},
+        checkpoint={"everySteps": 4, "keep": 5},
+    )
+    _launch(config, tmp_path)
+    done = result(config)
+    assert done["steps"] == 6 and done["stopped_early"].startswith("early stopping at step 6")
+    assert _steps(config) == [4, 6]
 
 
 def test_llmtrain_run_no_ray_trains_a_two_worker_job_with_torchrun(tmp_path: Path) -> None:

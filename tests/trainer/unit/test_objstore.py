@@ -121,3 +121,19 @@ def test_the_push_gives_up_after_its_attempts(tmp_path: Path) -> None:
     ):
         push_export(config, attempts=3, sleep=pauses.append)
     assert pauses == [2.0, 4.0]
+
+
+def test_a_validation_file_uri_is_staged_like_the_training_data(s3: S3Server, tmp_path: Path) -> None:
+    """dataset.validationPath on the object store: the driver copies it into the same cache."""
+    put(s3, "corpus/val/train.txt", b"once upon a time\n" * 50)
+    put(s3, "corpus/val/held-out.txt", b"the end\n" * 20)
+    config = tiny_config(
+        tmp_path / "runs" / "job",
+        "val",
+        dataset={"path": "s3://corpus/val/train.txt", "validationPath": "s3://corpus/val/held-out.txt"},
+    )
+    staged = stage_inputs(config)
+    assert staged.dataset.validation_path is not None and staged.dataset.path is not None
+    assert Path(staged.dataset.validation_path).read_bytes() == b"the end\n" * 20
+    assert Path(staged.dataset.validation_path).is_relative_to(cache_root(config))
+    assert Path(staged.dataset.path).read_bytes() == b"once upon a time\n" * 50

@@ -29,7 +29,7 @@ from llmtrain_trainer.distributed import (
     scalar,
     training_timeout_seconds,
 )
-from llmtrain_trainer.evaluation import EvalTracker
+from llmtrain_trainer.evaluation import EvalTracker, evaluates_at
 from llmtrain_trainer.export import export_model
 from llmtrain_trainer.lifecycle import Lifecycle
 from llmtrain_trainer.loss import trained_tokens
@@ -301,10 +301,23 @@ class TrainingRun:
                     tokens_seen=state.tokens_seen,
                 )
                 losses.zero_()
-            if state.step % config.checkpoint.every_steps == 0 or (last and life.options.checkpoint_at_end):
+            checkpoint_now = state.step % config.checkpoint.every_steps == 0 or (
+                last and life.options.checkpoint_at_end
+            )
+            evaluate_now = data.validation is not None and evaluates_at(
+                state.step,
+                training.eval_every_steps,
+                checkpoint_now,
+                config.checkpoint.keep_best or config.checkpoint.export_best,
+            )
+            if checkpoint_now or evaluate_now:
                 self._flush_counts(counts, state, flops)  # tokens_seen goes in the checkpoint
                 with life.paused() as started, watchdog.paused():
-                    self._checkpoint(strategy, state, data, pad_id, started)
+                    val_loss = self._evaluate(strategy, data, pad_id, state.step) if evaluate_now else None
+                    # An early stop between checkpoints still saves the state it ends with.
+                    stopping = self.tracker.stopped is not None and life.options.checkpoint_at_end
+                    if checkpoint_now or stopping:
+                        self._checkpoint(strategy, state, data, val_loss, evaluate_now, started)
                 if self.tracker.stopped is not None:
                     # Every rank saw the same all-reduced loss: all stop at this step.
                     life.stopped_early = self.tracker.stopped
@@ -342,30 +355,49 @@ class TrainingRun:
         dist.all_reduce(tensor)
         return int(tensor.item())
 
+    def _evaluate(self, strategy: Strategy, data: SequenceData, pad_id: int, step: int) -> float | None:
+        """The validation loss at `step`, fed to the tracker (early stopping, the best loss) and
+        reported with the best so far (status.progress.evalLoss, bestEvalLoss, bestStep)."""
+        val_loss = self._validate(strategy, data, pad_id)
+        if val_loss is not None:
+            self.tracker.observe(step, val_loss, self.config.training.early_stopping)
+            self.life.emit(
+                MetricsRecord(
+                    "validation",
+                    step,
+                    self.total,
+                    val_loss=val_loss,
+                    best_val_loss=self.tracker.best_loss,
+                    best_step=self.tracker.best_step,
+                )
+            )
+        return val_loss
+
     def _checkpoint(
         self,
         strategy: Strategy,
         state: checkpoint.TrainerState,
         data: SequenceData,
-        pad_id: int,
+        val_loss: float | None,
+        evaluated: bool,
         started: float,
     ) -> None:
         """Start a checkpoint once the previous one is registered; it is registered when written:
-        at once, or with checkpoint.asyncSave at the next checkpoint or the end of training."""
+        at once, or with checkpoint.asyncSave at the next checkpoint or the end of training.
+        `val_loss` is this step's evaluation (`evaluated`; None when there was no batch to score)."""
         life = self.life
         life.complete_pending()
-        # Validated first: the tracker's state (best loss, patience used) goes into this checkpoint.
-        val_loss = self._validate(strategy, data, pad_id) if data.validation is not None else None
         if val_loss is not None:
-            self.tracker.observe(state.step, val_loss, self.config.training.early_stopping)
-            state.evaluation = self.tracker.to_dict()
+            self.tracker.checkpointed(state.step, val_loss, self.config.training.early_stopping)
             self._note_best()
-            life.emit(MetricsRecord("validation", state.step, self.total, val_loss=val_loss))
+        # The tracker's state (best losses, patience used) goes into this checkpoint.
+        if data.validation is not None:
+            state.evaluation = self.tracker.to_dict()
         pending = checkpoint.start(strategy, state, self.run_dir, self.env)
         pending.metrics = {"step": state.step, "loss": life.last_loss}
         if val_loss is not None:
             pending.metrics["val_loss"] = val_loss
-        elif data.validation is not None:
+        elif evaluated:
             pending.metrics["val_loss"] = math.inf  # no batch to score: ranked last (keepBest)
         life.pending = pending
         if not self.config.checkpoint.async_save:
@@ -395,9 +427,11 @@ class TrainingRun:
     # -------------------------------------------------------------------------- the end
 
     def _note_best(self) -> None:
-        if self.tracker.best_step is not None:
-            self.life.best_checkpoint = str(self.run_dir / checkpoint_name(self.tracker.best_step))
-            self.life.best_val_loss = self.tracker.best_loss
+        """The best checkpoint so far (result.json; exportBest loads it): among those evaluated at
+        their own step, see evaluation.py."""
+        if self.tracker.best_checkpoint_step is not None:
+            self.life.best_checkpoint = str(self.run_dir / checkpoint_name(self.tracker.best_checkpoint_step))
+            self.life.best_val_loss = self.tracker.best_checkpoint_loss
 
     def _load_best(self, strategy: Strategy) -> None:
         """checkpoint.exportBest: put the best checkpoint's weights in the strategy for the export
@@ -409,7 +443,7 @@ class TrainingRun:
             log.info(
                 "exporting the best checkpoint %s (validation loss %.4f)",
                 self.life.best_checkpoint,
-                self.tracker.best_loss,
+                self.tracker.best_checkpoint_loss,
             )
         checkpoint.load(strategy, Path(self.life.best_checkpoint), self.env, weights_only=True)
 

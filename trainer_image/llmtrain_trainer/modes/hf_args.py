@@ -135,7 +135,9 @@ def training_arguments(config: TrainerConfig, output_dir: Path, evaluate: bool) 
         "save_strategy": "steps",
         "save_steps": config.checkpoint.every_steps,
         "eval_strategy": "steps" if evaluate else "no",
-        "eval_steps": config.checkpoint.every_steps if evaluate else None,
+        # training.evalEverySteps, else at each checkpoint; with keepBest/exportBest the API keeps
+        # save_steps a multiple of it, as load_best_model_at_end requires.
+        "eval_steps": (training.eval_every_steps or config.checkpoint.every_steps) if evaluate else None,
         **strategy_arguments(config),
         **best_model_arguments(config, evaluate),
     }
