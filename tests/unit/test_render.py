@@ -781,5 +781,6 @@ def test_a_relative_validation_path_lies_on_the_shared_storage_and_a_uri_stays_a
     assert config.dataset.validation_path == "/mnt/llmtrain/data/val.jsonl"
     uri = _gpu_job(
         dataset={"path": "data/train", "validationPath": "gs://corpus/val.jsonl"},
+        objectStorage={"gcs": {"credentialsSecretRef": {"name": "gcs-creds", "key": "key.json"}}},
     )
     assert _rendered_config(_stored(uri, "uid-1")).dataset.validation_path == "gs://corpus/val.jsonl"
