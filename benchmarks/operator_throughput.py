@@ -432,13 +432,18 @@ async def run(args: argparse.Namespace) -> str:
             proc.wait(timeout=30)
         await api.aclose()
         if args.cluster_dir is not None:
-            for ns in (
-                namespace,
-                f"{namespace}-warmup",
-                f"{namespace}-ceiling",
-                f"{namespace}-ceiling-norbac",
-            ):
-                cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+            spaces = [namespace, f"{namespace}-warmup", f"{namespace}-ceiling", f"{namespace}-ceiling-norbac"]
+            cluster.kubectl("delete", "namespace", *spaces, "--wait=false", "--ignore-not-found", check=False)
+            # Gone before the next run's operator starts: it would reconcile the ceiling's jobs
+            # (no status) in namespaces being terminated, and its figures would count that work.
+            cluster.kubectl(
+                "wait",
+                "--for=delete",
+                *(f"namespace/{ns}" for ns in spaces),
+                "--timeout=600s",
+                check=False,
+                timeout=620,
+            )
         down()
     return result
 
