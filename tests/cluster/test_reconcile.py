@@ -17,9 +17,11 @@ import pytest
 from llmtrain.api.validation import parse_job
 from llmtrain.render import render
 
+from tests.support.cluster import audit
 from tests.support.cluster.cluster import Cluster
 from tests.support.cluster.steps import (
     HOLD_FINALIZER,
+    OPERATOR_USER,
     RESYNC_SECONDS,
     OperatorProcess,
     apply_doc,
@@ -114,6 +116,47 @@ def test_every_child_is_created_as_rendered_with_a_controller_reference(
     assert refused.returncode != 0 and "immutable" in refused.stderr, refused.stderr
     created_condition = _conditions(status)["Created"]
     assert created_condition["status"] == "True" and created_condition["observedGeneration"] == 1
+
+
+def test_a_new_jobs_children_are_created_unread_and_after_a_restart_read_never_recreated(
+    cluster: Cluster, operator: OperatorProcess, namespace: str
+) -> None:
+    """A job's first try creates each child once, with no read before (its children cannot exist
+    yet: a GET per child would only answer 404). Resumed after a restart, the same job's children
+    exist: they are read, and nothing is created, so no create is refused with 409 (or, in a
+    namespace at its quota, with 403) and no quota is charged for one."""
+    mark = audit.size(cluster.audit_log)
+    apply_doc(cluster, cpu_job("fresh", namespace, suspend=True))
+    wait_phase(cluster, namespace, "fresh", "Suspended", "Pending")
+    doc = get(cluster, "llmtj", "fresh", namespace) or {}
+    children = {
+        (CHILD_KINDS[o["kind"]].split(".")[0] + "s", o["metadata"]["name"]) for o in render(parse_job(doc))
+    }
+
+    def on_children(since: int) -> list[audit.Call]:
+        return [
+            c
+            for c in audit.calls(cluster.audit_log, OPERATOR_USER, since)
+            if c.namespace == namespace and (c.resource, c.name) in children
+        ]
+
+    first = on_children(mark)
+    creates = sorted(c.resource for c in first if c.verb == "create")
+    assert creates == sorted(r for r, _ in children), first
+    assert all(c.code == 201 for c in first if c.verb == "create"), first
+    assert not [c for c in first if c.verb == "get"], first
+
+    mark = audit.size(cluster.audit_log)
+    operator.restart()
+    _wait_live(operator)
+
+    def all_read() -> list[audit.Call] | None:
+        calls = on_children(mark)
+        return calls if {c.resource for c in calls if c.verb == "get"} == {r for r, _ in children} else None
+
+    reads = wait_for(all_read, what="the resumed job's children read")
+    time.sleep(2)
+    assert not [c for c in on_children(mark) if c.verb == "create"], reads
 
 
 def test_only_transitions_and_errors_become_events(

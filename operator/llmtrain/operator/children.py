@@ -9,8 +9,10 @@ reused, except its claim (the data orphaning keeps). Anything else under that na
 someone else and is a conflict: never overwritten, never given an owner reference (which would let
 the garbage collector delete it with the job).
 
-Every child is read before it is created: a create of an object that exists fails with 403 in a
-namespace at its ResourceQuota, not with 409.
+Every child is read before it is created (a create of an object that exists fails with 403 in a
+namespace at its ResourceQuota, not with 409), except on a job's first try (`create_first`): its
+children do not exist yet, so each is created without a read, and the first create that conflicts
+or is refused turns the rest back to reading first.
 """
 
 from __future__ import annotations
@@ -363,12 +365,7 @@ def ensure(
         if before_create is not None:
             before_create(desired)
         try:
-            created = kube.create(desired)
-            result.created.append(child_key(desired))
-            if desired["kind"] == "RayJob" and _suspended_on_admission(desired, created):
-                patch = {"metadata": {"annotations": {KUEUE_MANAGED_ANNOTATION: "true"}}}
-                created = kube.merge_patch(resource_of(desired), meta["namespace"], meta["name"], patch)
-            return created
+            return _create(kube, desired, result)
         except ApiError as err:
             if err.status not in (403, 409):
                 raise
@@ -398,6 +395,17 @@ def ensure(
     else:
         result.patched.append(child_key(desired))
     return kube.merge_patch(resource_of(desired), meta["namespace"], meta["name"], patch)
+
+
+def _create(kube: Kube, desired: dict[str, Any], result: EnsureResult) -> dict[str, Any]:
+    """Create the child; a RayJob Kueue's webhook suspended on admission is marked Kueue's."""
+    created = kube.create(desired)
+    result.created.append(child_key(desired))
+    if desired["kind"] == "RayJob" and _suspended_on_admission(desired, created):
+        meta = desired["metadata"]
+        patch = {"metadata": {"annotations": {KUEUE_MANAGED_ANNOTATION: "true"}}}
+        created = kube.merge_patch(resource_of(desired), meta["namespace"], meta["name"], patch)
+    return created
 
 
 def _suspended_on_admission(desired: Mapping[str, Any], created: Mapping[str, Any]) -> bool:
@@ -433,26 +441,56 @@ def ensure_all(
     objects: list[dict[str, Any]],
     before_rayjob_create: Callable[[dict[str, Any]], None] | None = None,
     kueue_manages: Callable[[dict[str, Any]], bool] | None = None,
+    create_first: bool = False,
 ) -> EnsureResult:
     """Every child read first, then created or re-synced in render order. Children an earlier job
     of this name left are all named at once, before anything is created or changed.
     `before_rayjob_create` runs just before the RayJob is created (not when it exists): the last
     chance to see that the job finished or went, since creating a RayJob starts training.
-    `kueue_manages`: whether Kueue manages an existing RayJob without a queue label (see `ensure`)."""
-    found = [(obj, _read(kube, obj)) for obj in objects]
+    `kueue_manages`: whether Kueue manages an existing RayJob without a queue label (see `ensure`).
+
+    `create_first`: the job's first try, whose children should not exist. Each is created without
+    the read (one request instead of two, the same guards before the RayJob); the first create
+    answered 409 (it exists: an interrupted try, an earlier namesake's leftovers) or 403 (a quota
+    or an admission policy) stops that, and it and the rest are read first as on any other try.
+    What this try created is this job's own, so leftovers are still all named at once."""
+    result = EnsureResult()
+    pending = list(objects)
+    while create_first and pending:
+        obj = pending[0]
+        if obj["kind"] == "RayJob":
+            _hold_for_earlier_pods(kube, obj)
+            if before_rayjob_create is not None:
+                before_rayjob_create(obj)
+        try:
+            stored = _create(kube, obj, result)
+        except ApiError as err:
+            if err.status not in (403, 409):
+                raise
+            break
+        pending.pop(0)
+        if obj["kind"] == "RayJob":
+            result.rayjob = stored
+            _refuse_unauthenticated(kube, obj, stored)
+    found = [(obj, _read(kube, obj)) for obj in pending]
     leftovers = [old for obj, old in found if old is not None and _left_by_earlier_job(obj, old)]
     if leftovers:
         raise LeftByEarlierJob(leftovers, str(_job_uid(objects[0])))
-    result = EnsureResult()
     for obj, existing in found:
         guard = before_rayjob_create if obj["kind"] == "RayJob" else None
-        if obj["kind"] == "RayJob" and existing is None and (pods := earlier_pods(kube, obj)):
-            raise EarlierPodsRemain(pods, str(_job_uid(obj)))
+        if obj["kind"] == "RayJob" and existing is None:
+            _hold_for_earlier_pods(kube, obj)
         stored = ensure(kube, obj, result, existing, guard, kueue_manages)
         if obj["kind"] == "RayJob":
             result.rayjob = stored
             _refuse_unauthenticated(kube, obj, stored)
     return result
+
+
+def _hold_for_earlier_pods(kube: Kube, rayjob: dict[str, Any]) -> None:
+    """Raise EarlierPodsRemain while pods of an earlier job of this name are there."""
+    if pods := earlier_pods(kube, rayjob):
+        raise EarlierPodsRemain(pods, str(_job_uid(rayjob)))
 
 
 def _refuse_unauthenticated(kube: Kube, desired: dict[str, Any], stored: dict[str, Any]) -> None:

@@ -11,6 +11,8 @@ the mirror has written meanwhile.
 
 from __future__ import annotations
 
+import collections
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -52,18 +54,56 @@ from llmtrain.render import render
 EARLIER_PODS_DELAY = 5.0
 
 
+class TriedJobs:
+    """The uids of the jobs this process has already tried to reconcile, the most recent
+    `capacity`: a job's first try creates its children without reading them first
+    (`children.ensure_all(create_first=True)`), and Kopf can run the create handler of a job again
+    with the same cause and retry count (its diff base patch not yet back through the watch), when
+    every create would conflict. Forgetting an old uid only costs that job a conflict per child."""
+
+    def __init__(self, capacity: int = 20_000) -> None:
+        self._capacity = capacity
+        self._uids: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._guard = threading.Lock()
+
+    def first(self, uid: str) -> bool:
+        """True the first time `uid` is seen (and from then on remembered)."""
+        with self._guard:
+            if uid in self._uids:
+                self._uids.move_to_end(uid)
+                return False
+            self._uids[uid] = None
+            if len(self._uids) > self._capacity:
+                self._uids.popitem(last=False)
+            return True
+
+
+TRIED = TriedJobs()
+
+
+def first_try(reason: str, retry: int, status: Mapping[str, Any], uid: str) -> bool:
+    """A job's children are created without reading them first only on its very first try: Kopf's
+    create cause (never resume: after a restart the children exist), no retry, nothing in its status,
+    and not tried by this process yet. An interrupted first try (the operator killed in it) looks
+    the same to a new process: its children then answer 409 and are read, as on any other try."""
+    fresh = reason == "create" and retry == 0 and not status.get("rayJobName") and not status.get("phase")
+    return TRIED.first(uid) and fresh
+
+
 def reconcile(
     body: kopf.Body,
     status: kopf.Status,
     memo: kopf.Memo,
     logger: kopf.Logger,
     retry: int,
+    reason: str = "",
     **_: Any,
 ) -> None:
     started = time.perf_counter()
     try:
         with JOB_LOCKS.hold(job_key(body["metadata"])):
-            _reconcile(memo.kube, memo.config, body, dict(status), logger, retry)
+            create_first = first_try(str(reason), retry, status, str(body["metadata"].get("uid")))
+            _reconcile(memo.kube, memo.config, body, dict(status), logger, retry, create_first)
     except ApiError as err:  # a status write (409: the job changed since read); children's inside
         raise _status_write_failed("status write", err) from err
     finally:
@@ -77,6 +117,7 @@ def _reconcile(
     status: dict[str, Any],
     logger: kopf.Logger,
     retry: int,
+    create_first: bool = False,
 ) -> None:
     if status.get("phase"):
         PHASE_BOOK.set(job_key(body["metadata"]), status["phase"])  # the gauge again after a restart
@@ -102,7 +143,9 @@ def _reconcile(
         report(kube, body, None, Step.KEPT)
         return
     try:
-        result = ensure_all(kube, objects, still_unfinished(kube, body), _kueue_manages(kube))
+        result = ensure_all(
+            kube, objects, still_unfinished(kube, body), _kueue_manages(kube), create_first=create_first
+        )
     except JobStopped as exc:  # finished (or went) since Kopf read it: nothing starts again
         if exc.job is not None:
             report(kube, exc.job, None, Step.KEPT)

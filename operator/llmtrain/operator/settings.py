@@ -33,6 +33,13 @@ from llmtrain.operator.config import DEFAULT_WORKERS
 FINALIZER = f"{API_GROUP}/operator"
 # Objects per page of Kopf's LISTs (jobs, RayJobs, CRDs): one page of bodies held at a time.
 LIST_CHUNK = 500
+# How long Kopf waits for its own status patch (the diff base) to come back through the watch
+# before it acts on the older copy it has. Kopf's default, 5 s, is shorter than the watch's lag
+# under a burst of creates: the copy without the diff base then reads as never handled, and the
+# create handler ran a second time for most jobs (every child read again, ~1.9 GETs per child in
+# `make bench-operator`). Only a job whose patched version never arrives (a watch re-listed past
+# it) waits this long for its next change handler.
+CONSISTENCY_TIMEOUT = 60.0
 
 
 def configure(
@@ -41,6 +48,7 @@ def configure(
     settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf.progress")
     settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage(field="status.kopf.lastHandled")
     settings.persistence.finalizer = FINALIZER
+    settings.persistence.consistency_timeout = CONSISTENCY_TIMEOUT
     # Events: the handlers' explicit ones (phase transitions, errors) plus warnings and errors logged
     # on a job. Kopf's default (INFO) would also post every info line, ~7 Events per job created.
     settings.posting.level = logging.WARNING
