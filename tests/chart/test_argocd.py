@@ -240,10 +240,11 @@ def test_documented_server_side_applies_force_conflicts() -> None:
         assert "--force-conflicts" in command, command
     assert "kubectl apply --server-side --force-conflicts -f charts/llmtrain/crds/" in README
     assert (CHART / "crds" / CRD_FILENAME).is_file()
-    # "under 100 KiB": a client-side apply's last-applied annotation (256 KiB at most) would fit.
+    # "under 128 KiB": a client-side apply's last-applied annotation (256 KiB at most) would fit,
+    # with room to spare.
     size = (CHART / "crds" / CRD_FILENAME).stat().st_size
-    assert size < 100 * 1024, size
-    assert "LLMTrainingJob CRD (under 100 KiB)" in README
+    assert size < 128 * 1024, size
+    assert "LLMTrainingJob CRD (under 128 KiB)" in README
 
 
 def test_the_chart_readme_and_the_argocd_guide_agree_on_when_the_crd_survives() -> None:

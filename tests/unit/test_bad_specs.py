@@ -495,7 +495,7 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
     *[
         (
             f"{scheme}-{where.replace('.', '-').lower()}-without-its-store",
-            with_path(spec(where.split(".")[0], {where.split(".")[1]: f"{scheme}://corpus/a"}), *other),
+            with_path(spec(where, f"{scheme}://corpus/a"), *other),
             f"{where} is {article} {scheme}:// URI: set spec.objectStorage.{store}",
             True,
         )
@@ -504,7 +504,13 @@ BAD: list[tuple[str, dict[str, Any], str, bool]] = [
             ("gs", "a", "gcs.credentialsSecretRef", ("spec.objectStorage", {"azure": AZURE_STORE})),
             ("az", "an", "azure with accountName", ("spec.objectStorage", {"gcs": GCS_STORE})),
         ]
-        for where in ["dataset.path", "model.name", "resumeFrom.checkpoint", "checkpoint.exportTo"]
+        for where in [
+            "dataset.path",
+            "dataset.validationPath",
+            "model.name",
+            "resumeFrom.checkpoint",
+            "checkpoint.exportTo",
+        ]
     ],
     (
         "s3-dataset-with-only-gcs-settings",

@@ -63,7 +63,7 @@ def _run(tmp_path: Path, async_save: bool) -> TrainingRun:
 def _checkpoint(run: TrainingRun, writes: ControlledWrites, step: int) -> None:
     state = checkpoint.TrainerState(step=step, world_size=1)
     with run.life.paused() as started:
-        run._checkpoint(cast(Strategy, writes), state, NO_VALIDATION, pad_id=0, started=started)
+        run._checkpoint(cast(Strategy, writes), state, NO_VALIDATION, None, evaluated=False, started=started)
 
 
 @pytest.mark.usefixtures("one_process_group")
