@@ -112,10 +112,12 @@ def test_a_job_reads_s3_tracks_to_mlflow_and_leaves_its_export_in_s3_after_delet
         # 1. The corpus into the store, through the S3 API (pyarrow's client, as `aws s3 cp` would).
         client = store.client()
         client.create_dir("corpus")
+        client.create_dir("models")  # the export's bucket: the trainer writes keys, makes no bucket
         with client.open_output_stream("corpus/tiny-stories.txt") as out:
             out.write(CORPUS.read_bytes())
         user.note(
             f"# S3 at {store.endpoint}, MLflow at {mlflow_url} (both on the node's IP)\n"
+            "$ aws s3 mb s3://corpus && aws s3 mb s3://models   # buckets, by pyarrow's S3 client\n"
             f"$ aws s3 cp {CORPUS.relative_to(jobs.REPO_ROOT)} s3://corpus/tiny-stories.txt"
             f"   # done with pyarrow's S3 client\nupload: s3://corpus/tiny-stories.txt "
             f"({CORPUS.stat().st_size} bytes)"
