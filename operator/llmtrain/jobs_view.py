@@ -117,6 +117,8 @@ def status_text(job: Obj, now: datetime) -> str:
     checkpoint: Obj = progress.get("lastCheckpoint") or {}
     if checkpoint:
         rows.append(("Checkpoint", f"step {checkpoint.get('step')}: {checkpoint.get('path')}"))
+    if progress.get("exportedTo"):  # checkpoint.exportTo: where the finished model now is
+        rows.append(("Exported to", str(progress["exportedTo"])))
     if progress.get("error"):
         rows.append(("Error", str(progress["error"])))
     if progress.get("updatedAt"):

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,9 +71,21 @@ class S3Server:
         return sorted(i.path.removeprefix(bucket + "/") for i in found if i.type == fs.FileType.File)
 
 
+def _as_is(argv: list[str]) -> list[str]:
+    return argv
+
+
 @contextmanager
-def versitygw(folder: Path, timeout: float = 60.0) -> Iterator[S3Server]:
-    """versitygw's posix backend on `folder`/data, listening on 127.0.0.1 only."""
+def versitygw(
+    folder: Path,
+    timeout: float = 60.0,
+    *,
+    host: str = "127.0.0.1",
+    enter: Callable[[list[str]], list[str]] = _as_is,
+) -> Iterator[S3Server]:
+    """versitygw's posix backend on `folder`/data, listening on `host` only: loopback, or with
+    `enter` (a real node's `NodeNetwork.enter`) the node's IP inside its network namespace, where
+    the node's pods reach it."""
     binary = tools.ensure("versitygw") / "versitygw"
     data = folder / "data"
     data.mkdir(parents=True, exist_ok=True)
@@ -81,24 +93,24 @@ def versitygw(folder: Path, timeout: float = 60.0) -> Iterator[S3Server]:
     access_log = folder / "access.log"
     command = [str(binary), "--access", ACCESS_KEY, "--secret", SECRET_KEY, "--region", REGION]
     command += ["--access-log", str(access_log), "--quiet"]
-    command += ["--port", f"127.0.0.1:{port}", "posix", str(data)]
+    command += ["--port", f"{host}:{port}", "posix", str(data)]
     log_path = folder / "versitygw.log"
     log = log_path.open("wb")
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = subprocess.Popen(enter(command), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + timeout
         while True:
             if server.poll() is not None:
                 raise RuntimeError(f"versitygw exited {server.returncode}: {log_path.read_text()}")
             try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                with socket.create_connection((host, port), timeout=1):
                     break
             except OSError:
                 pass
             if time.monotonic() > deadline:
                 raise TimeoutError(f"versitygw not listening after {timeout} s: {log_path.read_text()}")
             time.sleep(0.1)
-        yield S3Server(f"http://127.0.0.1:{port}", data, access_log)
+        yield S3Server(f"http://{host}:{port}", data, access_log)
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:

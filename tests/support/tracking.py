@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -31,17 +31,29 @@ def _free_port() -> int:
         return port
 
 
+def _as_is(argv: list[str]) -> list[str]:
+    return argv
+
+
 @contextmanager
-def mlflow_server(folder: Path, timeout: float = 120.0) -> Iterator[str]:
-    """A tracking server on loopback (one worker: the machine's CPUs are scarce); yields its URL."""
+def mlflow_server(
+    folder: Path,
+    timeout: float = 120.0,
+    *,
+    host: str = "127.0.0.1",
+    enter: Callable[[list[str]], list[str]] = _as_is,
+) -> Iterator[str]:
+    """A tracking server on `host` (one worker: the machine's CPUs are scarce); yields its URL.
+    With `enter` (a real node's `NodeNetwork.enter`) it listens on the node's IP inside the node's
+    network namespace, where the node's pods reach it."""
     folder.mkdir(parents=True, exist_ok=True)
     port = _free_port()
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{host}:{port}"
     command = [
         str(Path(sys.executable).parent / "mlflow"),
         "server",
         "--host",
-        "127.0.0.1",
+        host,
         "--port",
         str(port),
         "--workers",
@@ -52,7 +64,7 @@ def mlflow_server(folder: Path, timeout: float = 120.0) -> Iterator[str]:
         str(folder / "artifacts"),
     ]
     log = (folder / "server.log").open("wb")
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = subprocess.Popen(enter(command), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + timeout
         while True:

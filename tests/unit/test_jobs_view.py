@@ -125,6 +125,13 @@ def test_status_text_of_a_failed_job_shows_the_root_cause() -> None:
     assert "Conditions" not in text and "Progress" not in text
 
 
+def test_status_text_of_a_finished_job_shows_where_its_export_went() -> None:
+    done = {"phase": "Succeeded", "progress": {"step": 30, "totalSteps": 30, "exportedTo": "s3://models/v1"}}
+    lines = jobs_view.status_text(job(done), NOW).splitlines()
+    assert "Exported to:  s3://models/v1" in lines
+    assert "Exported to" not in jobs_view.status_text(job(RUNNING), NOW)
+
+
 def test_list_table_is_sorted_and_aligned() -> None:
     jobs = [job(RUNNING, name="zeta"), job({"phase": "Suspended"}, name="alpha", namespace="other")]
     assert jobs_view.list_table(jobs, NOW).splitlines() == [
