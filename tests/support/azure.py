@@ -14,8 +14,6 @@ import base64
 import re
 import secrets
 import sys
-import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from tests.support.cluster.processes import free_port
 from tests.support.s3 import REPO_ROOT
-from tests.support.servers import listening
+from tests.support.servers import bucket_keys, listening, settled_log
 
 sys.path.insert(0, str(REPO_ROOT / "hack" / "node_tools"))
 import node_tools
@@ -65,23 +63,10 @@ class AzureServer:
 
     def keys(self, container: str) -> list[str]:
         """Every blob name of the container, listed through the blob API."""
-        from pyarrow import fs
-
-        found = self.client().get_file_info(fs.FileSelector(container, recursive=True))
-        return sorted(i.path.removeprefix(container + "/") for i in found if i.type == fs.FileType.File)
+        return bucket_keys(self.client(), container)
 
     def _settled_log(self) -> list[str]:
-        """The access log once every request answered so far is in it: the server writes a line
-        after its response, so a marker request's line (they are served in order) is waited for."""
-        from pyarrow import fs
-
-        marker = f"log-marker-{uuid.uuid4().hex}"
-        self.client().get_file_info(fs.FileSelector(marker, allow_not_found=True))
-        deadline = time.monotonic() + 10
-        while marker not in (text := self.log.read_text()):
-            assert time.monotonic() < deadline, f"no request for {marker} in {self.log}"
-            time.sleep(0.05)
-        return text.splitlines()
+        return settled_log(self.client(), self.log)
 
     def requests(self, method: str, container: str, name: str, status: str) -> int:
         """How many `method` requests for the blob itself (no query: a download or a whole upload)

@@ -14,9 +14,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-import time
 import urllib.parse
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from tests.support.cluster.processes import free_port
 from tests.support.s3 import REPO_ROOT
-from tests.support.servers import listening
+from tests.support.servers import bucket_keys, listening, settled_log
 
 sys.path.insert(0, str(REPO_ROOT / "hack" / "tools"))
 import build_tools as tools
@@ -85,23 +83,10 @@ class GcsServer:
 
     def keys(self, bucket: str) -> list[str]:
         """Every object name of the bucket, listed through the JSON API."""
-        from pyarrow import fs
-
-        found = self.client().get_file_info(fs.FileSelector(bucket, recursive=True))
-        return sorted(i.path.removeprefix(bucket + "/") for i in found if i.type == fs.FileType.File)
+        return bucket_keys(self.client(), bucket)
 
     def _settled_log(self) -> list[str]:
-        """The access log once every request answered so far is in it: the server writes a line
-        after its response, so a marker request's line (they are served in order) is waited for."""
-        from pyarrow import fs
-
-        marker = f"log-marker-{uuid.uuid4().hex}"
-        self.client().get_file_info(fs.FileSelector(marker, allow_not_found=True))
-        deadline = time.monotonic() + 10
-        while marker not in (text := self.log.read_text()):
-            assert time.monotonic() < deadline, f"no request for {marker} in {self.log}"
-            time.sleep(0.05)
-        return text.splitlines()
+        return settled_log(self.client(), self.log)
 
     def downloads(self, bucket: str, name: str) -> int:
         """How many media downloads of bucket/name the server answered."""

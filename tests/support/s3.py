@@ -9,12 +9,7 @@ tests to put and list objects through the S3 API.
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tests.support.cluster.processes import free_port
+from tests.support.servers import bucket_keys, listening
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "hack" / "tools"))
@@ -65,10 +61,7 @@ class S3Server:
 
     def keys(self, bucket: str) -> list[str]:
         """Every object key of the bucket, listed through the S3 API (ListObjectsV2)."""
-        from pyarrow import fs
-
-        found = self.client().get_file_info(fs.FileSelector(bucket, recursive=True))
-        return sorted(i.path.removeprefix(bucket + "/") for i in found if i.type == fs.FileType.File)
+        return bucket_keys(self.client(), bucket)
 
 
 def _as_is(argv: list[str]) -> list[str]:
@@ -95,30 +88,8 @@ def versitygw(
     command += ["--access-log", str(access_log), "--quiet"]
     command += ["--port", f"{host}:{port}", "posix", str(data)]
     log_path = folder / "versitygw.log"
-    log = log_path.open("wb")
-    server = subprocess.Popen(enter(command), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if server.poll() is not None:
-                raise RuntimeError(f"versitygw exited {server.returncode}: {log_path.read_text()}")
-            try:
-                with socket.create_connection((host, port), timeout=1):
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"versitygw not listening after {timeout} s: {log_path.read_text()}")
-            time.sleep(0.1)
+    with listening("versitygw", enter(command), port, log_path, timeout=timeout, host=host):
         yield S3Server(f"http://{host}:{port}", data, access_log)
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-        log.close()
 
 
 def requests(server: S3Server, operation: str, key: str) -> int:

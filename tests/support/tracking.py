@@ -10,25 +10,16 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import struct
-import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+from tests.support.cluster.processes import free_port
+from tests.support.servers import listening
 
 
 def _as_is(argv: list[str]) -> list[str]:
@@ -47,7 +38,7 @@ def mlflow_server(
     With `enter` (a real node's `NodeNetwork.enter`) it listens on the node's IP inside the node's
     network namespace, where the node's pods reach it."""
     folder.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     url = f"http://{host}:{port}"
     command = [
         str(Path(sys.executable).parent / "mlflow"),
@@ -63,35 +54,24 @@ def mlflow_server(
         "--default-artifact-root",
         str(folder / "artifacts"),
     ]
-    log = (folder / "server.log").open("wb")
-    server = subprocess.Popen(enter(command), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if server.poll() is not None:
-                raise RuntimeError(
-                    f"mlflow server exited {server.returncode}: {(folder / 'server.log').read_text()}"
-                )
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"mlflow server not healthy after {timeout} s: {(folder / 'server.log').read_text()}"
-                )
-            time.sleep(0.5)
+    with listening(
+        "mlflow server",
+        enter(command),
+        port,
+        folder / "server.log",
+        timeout=timeout,
+        host=host,
+        ready=lambda: _healthy(url),
+    ):
         yield url
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-        log.close()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
 
 
 def mlflow_runs(url: str, experiment: str) -> list[Any]:
