@@ -8,11 +8,15 @@ import pytest
 from llmtrain.operator.children import drift_patch
 from llmtrain.operator.status import (
     CONDITION_TYPES,
+    Announcement,
+    Refused,
+    Waiting,
     clear_invalid_spec,
     conditions_for,
     invalid_spec_conditions,
     mirrored_fields,
     observe,
+    operator_status,
 )
 
 
@@ -833,3 +837,39 @@ def test_kuberays_reason_names_a_failure_only() -> None:
     assert (rejected.phase, rejected.reason) == ("Failed", "InvalidRayJobSpec")
     running = observe({"jobDeploymentStatus": "Running", "reason": "SomethingElse"})
     assert (running.phase, running.reason) == ("Running", "Training")
+
+
+@pytest.mark.parametrize(
+    ("outcome", "reason", "said"),
+    [
+        (
+            Refused("exceeded quota: pvc", 5.0),
+            "CreateRefused",
+            "cannot create the job's objects yet (retrying every 5 s or sooner): exceeded quota: pvc",
+        ),
+        (
+            Waiting("the cluster serves no Kueue Workload API", 30.0),
+            "KueueUnavailable",
+            "waiting for Kueue (looked at again in 30 s or sooner): the cluster serves no Kueue Workload API",
+        ),
+    ],
+)
+def test_a_refusal_or_a_wait_for_kueue_warns_once_per_problem_and_keeps_the_phase(
+    outcome: Refused | Waiting, reason: str, said: str
+) -> None:
+    """The status says what holds the job back (Pending when it had no phase yet); the Warning goes
+    out with the write that first says it, and afterwards only with a phase change, so a retry
+    every few seconds does not post an Event each time."""
+    now = "2026-11-27T00:00:00Z"
+    first = operator_status({"metadata": {"generation": 3}, "status": {}}, None, outcome, now)
+    assert first.update == {"phase": "Pending", "message": said, "observedGeneration": 3}
+    assert first.event == Announcement("Warning", reason, said)
+    assert first.announce == "write"
+    known = {"phase": "Initializing", "message": said}
+    again = operator_status({"metadata": {"generation": 3}, "status": known}, None, outcome, now)
+    assert again.update == {"phase": "Initializing", "message": said, "observedGeneration": 3}
+    assert again.event == first.event
+    assert again.announce == "phase"
+    other = {"phase": "Initializing", "message": "waiting for something else"}
+    changed = operator_status({"metadata": {"generation": 3}, "status": other}, None, outcome, now)
+    assert changed.announce == "write"
