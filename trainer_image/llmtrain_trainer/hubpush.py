@@ -112,3 +112,21 @@ def push_to_hub(
         f"pushing the export to the Hub repository {spec.repo_id} failed {attempts} times: {error}; "
         f"the export stays in {export}"
     )
+
+
+def push_destinations(config: TrainerConfig) -> tuple[str | None, str | None, list[str]]:
+    """checkpoint.exportTo, then checkpoint.pushToHub, each tried even when the other failed: the
+    object URI and the Hub commit pushed (None where none was asked) and the failures' reasons."""
+    from llmtrain_trainer.objstore import ObjectStoreError, push_export
+
+    errors: list[str] = []
+    uri = commit = None
+    try:
+        uri = push_export(config)
+    except ObjectStoreError as exc:
+        errors.append(str(exc))
+    try:
+        commit = push_to_hub(config)
+    except HubPushError as exc:
+        errors.append(str(exc))
+    return uri, commit, errors

@@ -280,23 +280,16 @@ def _finish(console: Console, config: TrainerConfig, started: float) -> int:
 def _push(console: Console, config: TrainerConfig) -> int:
     """checkpoint.exportTo and checkpoint.pushToHub: copy the finished export to the object store
     and upload it to the Hub (each once, retried; one failing does not stop the other)."""
-    from llmtrain_trainer.hubpush import HubPushError, push_to_hub
-    from llmtrain_trainer.objstore import ObjectStoreError, push_export
+    from llmtrain_trainer.hubpush import push_destinations
 
-    failed = False
-    try:
-        if (uri := push_export(config)) is not None:
-            console.print(f"Export pushed to {escape(uri)}")
-    except ObjectStoreError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-        failed = True
-    try:
-        if (commit := push_to_hub(config)) is not None:
-            console.print(f"Export pushed to the Hub: {escape(commit)}")
-    except HubPushError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-        failed = True
-    return 1 if failed else 0
+    uri, commit, errors = push_destinations(config)
+    if uri is not None:
+        console.print(f"Export pushed to {escape(uri)}")
+    if commit is not None:
+        console.print(f"Export pushed to the Hub: {escape(commit)}")
+    for error in errors:
+        console.print(f"[red]error:[/red] {escape(error)}", highlight=False)
+    return 1 if errors else 0
 
 
 def launch_command(config_file: Path, workers: int) -> list[str]:

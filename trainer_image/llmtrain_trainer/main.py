@@ -21,11 +21,11 @@ from llmtrain.api.trainer_config import TrainerConfig
 from llmtrain.constants import RAY_VERSION_ENV
 
 from llmtrain_trainer.config import DEFAULT_CONFIG_PATH, ConfigError, load_current_config
-from llmtrain_trainer.hubpush import HubPushError, push_to_hub
+from llmtrain_trainer.hubpush import push_destinations
 from llmtrain_trainer.kube_progress import report_export, report_failure
 from llmtrain_trainer.lifecycle import LoopOptions
 from llmtrain_trainer.loop import loop_config, train_loop_per_worker
-from llmtrain_trainer.objstore import ObjectStoreError, push_export, stage_inputs
+from llmtrain_trainer.objstore import ObjectStoreError, stage_inputs
 from llmtrain_trainer.preflight import PreflightError, check
 from llmtrain_trainer.ray_version import RayVersionMismatch, check_ray_version
 from llmtrain_trainer.run_context import ranks_by_val_loss
@@ -208,16 +208,7 @@ def publish_export(config: TrainerConfig, handler: RunLogHandler | None) -> int:
     what succeeded is reported; a failure fails the driver with the reason in status.progress.error
     (the trained export stays on the shared storage; a retry of the job pushes again, without
     training again, and skips the destination already done)."""
-    errors: list[str] = []
-    uri = hub_commit = None
-    try:
-        uri = push_export(config)
-    except ObjectStoreError as exc:
-        errors.append(str(exc))
-    try:
-        hub_commit = push_to_hub(config)
-    except HubPushError as exc:
-        errors.append(str(exc))
+    uri, hub_commit, errors = push_destinations(config)
     report_export(config, uri, hub_commit)
     if errors:
         message = "; ".join(errors)

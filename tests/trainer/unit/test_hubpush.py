@@ -176,7 +176,9 @@ def test_the_driver_pushes_to_the_hub_when_the_object_store_copy_failed_and_fail
 
     reported: list[tuple[str | None, str | None]] = []
     failures: list[str] = []
-    monkeypatch.setattr(main, "push_export", refused)
+    from llmtrain_trainer import objstore
+
+    monkeypatch.setattr(objstore, "push_export", refused)
     monkeypatch.setattr(main, "report_export", lambda _c, uri, commit: reported.append((uri, commit)))
     monkeypatch.setattr(main, "report_failure", lambda _c, cause: failures.append(cause))
 
