@@ -34,6 +34,21 @@ class _StatusServer(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture
+def patched_bodies(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
+    """An API server stand-in on 127.0.0.1 the reporter patches; yields the bodies it received."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _BodyServer)
+    _BodyServer.bodies = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv(kube_progress.API_SERVER_ENV, f"http://127.0.0.1:{server.server_address[1]}")
+    monkeypatch.setenv(kube_progress.API_TOKEN_ENV, "t")
+    try:
+        yield _BodyServer.bodies
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
 def tls_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """An HTTPS server on 127.0.0.1 whose certificate a private CA signed; its URL and the CA file."""
     ca = pki.CertificateAuthority(tmp_path / "pki")
@@ -100,50 +115,32 @@ class _BodyServer(http.server.BaseHTTPRequestHandler):
 
 
 def test_the_pushed_exports_uri_reaches_status_progress_exported_to(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, patched_bodies: list[Any]
 ) -> None:
     """checkpoint.exportTo's result: the driver patches status.progress.exportedTo, nothing else
     but the report time (a merge patch keeps the step, loss and checkpoint rank 0 reported)."""
     from tests.support.trainer import tiny_config
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _BodyServer)
-    _BodyServer.bodies = []
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        monkeypatch.setenv(kube_progress.API_SERVER_ENV, f"http://127.0.0.1:{server.server_address[1]}")
-        monkeypatch.setenv(kube_progress.API_TOKEN_ENV, "t")
-        config = tiny_config(tmp_path, "push", progress={"reportToKubernetes": True})
-        kube_progress.report_export(config, "s3://models/tiny/v1", flush_timeout=5)
-    finally:
-        server.shutdown()
-        server.server_close()
-    (body,) = _BodyServer.bodies
+    config = tiny_config(tmp_path, "push", progress={"reportToKubernetes": True})
+    kube_progress.report_export(config, "s3://models/tiny/v1", flush_timeout=5)
+    (body,) = patched_bodies
     progress = body["status"]["progress"]
     assert progress.pop("updatedAt")
     assert progress == {"exportedTo": "s3://models/tiny/v1"}
 
 
 def test_the_hub_commit_reaches_status_progress_pushed_to_hub_alone(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, patched_bodies: list[Any]
 ) -> None:
     """checkpoint.pushToHub's result: status.progress.pushedToHub, and exportedTo left alone (a
     merge patch without it keeps what an earlier attempt reported)."""
     from tests.support.trainer import tiny_config
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _BodyServer)
-    _BodyServer.bodies = []
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     commit = "https://huggingface.co/my-org/tiny/commit/0123abcd"
-    try:
-        monkeypatch.setenv(kube_progress.API_SERVER_ENV, f"http://127.0.0.1:{server.server_address[1]}")
-        monkeypatch.setenv(kube_progress.API_TOKEN_ENV, "t")
-        config = tiny_config(tmp_path, "push", progress={"reportToKubernetes": True})
-        kube_progress.report_export(config, hub_commit=commit, flush_timeout=5)
-        kube_progress.report_export(config, flush_timeout=5)  # nothing pushed: no patch at all
-    finally:
-        server.shutdown()
-        server.server_close()
-    (body,) = _BodyServer.bodies
+    config = tiny_config(tmp_path, "push", progress={"reportToKubernetes": True})
+    kube_progress.report_export(config, hub_commit=commit, flush_timeout=5)
+    kube_progress.report_export(config, flush_timeout=5)  # nothing pushed: no patch at all
+    (body,) = patched_bodies
     progress = body["status"]["progress"]
     assert progress.pop("updatedAt")
     assert progress == {"pushedToHub": commit}
