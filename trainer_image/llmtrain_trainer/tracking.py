@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,6 +38,12 @@ if TYPE_CHECKING:
     from llmtrain_trainer.progress import ProgressSink
 
 log = logging.getLogger(__name__)
+
+# MLflow imports GitPython to tag runs with a commit; without a git executable (the trainer image
+# has none) GitPython's import fails and MLflow logs "Failed to import Git ... Bad git executable"
+# on every run. Quiet makes the import succeed with no git: the runs just get no commit tag. Set
+# here, before any mlflow import (the sinks import it lazily), not in the image's Dockerfile.
+os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
 
 # Record field → the name transformers' MLflow integration uses (it logs the Trainer's keys as is).
 MLFLOW_NAMES = {

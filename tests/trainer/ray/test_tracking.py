@@ -12,6 +12,9 @@ records that carry one.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -120,6 +123,45 @@ def test_the_mlflow_sink_sends_every_metric_and_the_config_and_a_retry_continues
     params = run.data.params
     assert params["training.maxSteps"] == "2"  # MLflow keeps a run's first values
     assert params["model.tokenizer"] == "byte-level" and params["runName"] == "sinks"
+
+
+OPEN_AND_CLOSE_SINKS = """
+import logging, sys
+from pathlib import Path
+from llmtrain.api.trainer_config import TrainerConfig
+from llmtrain_trainer.progress import open_sinks
+
+logging.basicConfig(level=logging.INFO)
+config = TrainerConfig.model_validate_json(Path(sys.argv[1]).read_text())
+open_sinks(config, Path(config.run_dir), log_lines=False).close()
+"""
+
+
+def test_mlflow_sink_opens_without_a_git_warning_where_git_is_absent(mlflow_url: str, tmp_path: Path) -> None:
+    """The trainer image has no git: MLflow's GitPython import would log "Failed to import Git ...
+    Bad git executable" on every run, unless the tracking module quiets GitPython first. A fresh
+    process (GitPython decides at its first import) opens and closes the sinks with no git on PATH."""
+    config = tiny_config(
+        tmp_path, "no-vcs", tracking={"mlflow": {"trackingUri": mlflow_url, "experiment": "no-vcs"}}
+    )
+    config_file = tmp_path / "config.json"
+    config_file.write_text(config.model_dump_json(by_alias=True))
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_PYTHON")}
+    env["PATH"] = str(empty)
+    done = subprocess.run(
+        [sys.executable, "-c", OPEN_AND_CLOSE_SINKS, str(config_file)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    output = done.stdout + done.stderr
+    assert "git executable" not in output.lower() and "import git" not in output.lower(), output
+    (run,) = mlflow_runs(mlflow_url, "no-vcs")  # the sink did reach MLflow
+    assert run.info.status == "FAILED"  # closed before a "finished" record
 
 
 def test_a_builtin_run_reaches_mlflow_wandb_and_tensorboard_from_rank_0_only(
