@@ -8,21 +8,14 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
-from llmtrain.api.object_storage import ObjectStorageSpec
 from llmtrain_trainer.objstore import ObjectStoreError, cache_root, fetch, push_export, stage_inputs
 
-from tests.support.azure import ACCOUNT, AzureServer, azurite
-from tests.support.gcs import GcsServer, fake_gcs_server
+from tests.support.object_stores import Store, started
 from tests.support.trainer import tiny_config
-
-if TYPE_CHECKING:
-    from pyarrow import fs as pafs
 
 # A client that lost its credentials retries against the (closed, loopback) metadata server for
 # minutes: each test here takes seconds, so a minute means it is broken.
@@ -31,72 +24,16 @@ pytestmark = pytest.mark.timeout(60)
 STORIES = b"once upon a time\n" * 100
 
 
-@dataclass(frozen=True)
-class Store:
-    """One server, seen the same way for both schemes."""
-
-    scheme: str
-    env: dict[str, str]
-    settings: ObjectStorageSpec  # spec.objectStorage naming this server (the env names none)
-    client: Callable[[], pafs.FileSystem]
-    keys: Callable[[str], list[str]]
-    downloads: Callable[[str, str], int]  # (bucket, key) -> GETs of the object's content
-    uploads: Callable[[str, str], int]  # (bucket, key) -> whole uploads of it
-    endpoint_env: str
-
-
-def _gcs_store(server: GcsServer) -> Store:
-    settings = ObjectStorageSpec.model_validate(
-        {"gcs": {"credentialsSecretRef": {"name": "gcs", "key": "key.json"}, "endpoint": server.endpoint}}
-    )
-    return Store(
-        "gs",
-        server.env,
-        settings,
-        server.client,
-        server.keys,
-        server.downloads,
-        server.uploads,
-        "LLMTRAIN_GCS_ENDPOINT",
-    )
-
-
-def _azure_store(server: AzureServer) -> Store:
-    settings = ObjectStorageSpec.model_validate(
-        {
-            "azure": {
-                "accountName": ACCOUNT,
-                "accountKeySecretRef": {"name": "az", "key": "key"},
-                "endpoint": server.endpoint,
-            }
-        }
-    )
-    return Store(
-        "az",
-        server.env,
-        settings,
-        server.client,
-        server.keys,
-        lambda bucket, key: server.requests("GET", bucket, key, "20[06]"),
-        lambda bucket, key: server.requests("PUT", bucket, key, "201"),
-        "LLMTRAIN_AZURE_ENDPOINT",
-    )
-
-
 @pytest.fixture(scope="module")
 def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
-    with fake_gcs_server(tmp_path_factory.mktemp("gcs")) as server:
-        for bucket in ("corpus", "models"):
-            server.client().create_dir(bucket)
-        yield _gcs_store(server)
+    with started("gs", tmp_path_factory.mktemp("gcs")) as store:
+        yield store
 
 
 @pytest.fixture(scope="module")
 def azure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
-    with azurite(tmp_path_factory.mktemp("azure")) as server:
-        for container in ("corpus", "models"):
-            server.client().create_dir(container)
-        yield _azure_store(server)
+    with started("az", tmp_path_factory.mktemp("azure")) as store:
+        yield store
 
 
 @pytest.fixture(params=["gs", "az"])
@@ -108,13 +45,8 @@ def store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> St
     return chosen
 
 
-def put(store: Store, path: str, data: bytes) -> None:
-    with store.client().open_output_stream(path) as out:
-        out.write(data)
-
-
 def test_a_dataset_is_copied_once_for_the_driver_and_its_restart(store: Store, tmp_path: Path) -> None:
-    put(store, "corpus/once/stories.txt", STORIES)
+    store.put("corpus/once/stories.txt", STORIES)
     uri = f"{store.scheme}://corpus/once/stories.txt"
     config = tiny_config(tmp_path / "runs" / "job", "once", dataset={"path": uri})
     staged = stage_inputs(config)
@@ -132,8 +64,8 @@ def test_a_prefix_copies_as_a_folder_through_the_specs_endpoint(
 ) -> None:
     """No endpoint in the environment: spec.objectStorage's (the TrainerConfig's copy) is used."""
     monkeypatch.delenv(store.endpoint_env)
-    put(store, "corpus/prefix/a.jsonl", b'{"text": "a"}\n')
-    put(store, "corpus/prefix/sub/b.jsonl", b'{"text": "b"}\n')
+    store.put("corpus/prefix/a.jsonl", b'{"text": "a"}\n')
+    store.put("corpus/prefix/sub/b.jsonl", b'{"text": "b"}\n')
     local = fetch(f"{store.scheme}://corpus/prefix", tmp_path, store.settings)
     assert sorted(str(p.relative_to(local)) for p in local.rglob("*.jsonl")) == ["a.jsonl", "sub/b.jsonl"]
     assert (local / "sub" / "b.jsonl").read_bytes() == b'{"text": "b"}\n'
@@ -154,8 +86,7 @@ def test_the_export_is_pushed_once(store: Store, tmp_path: Path) -> None:
     (export / "tokenizer" / "tokenizer.json").write_text("{}")
     assert push_export(config, sleep=pytest.fail) == destination
     assert store.keys("models") == ["tiny/v1/config.json", "tiny/v1/tokenizer/tokenizer.json"]
-    with store.client().open_input_stream("models/tiny/v1/config.json") as body:
-        assert body.read() == b'{"model_type": "llama"}'
+    assert store.read("models/tiny/v1/config.json") == b'{"model_type": "llama"}'
     assert store.uploads("models", "tiny/v1/config.json") == 1
     assert push_export(config, sleep=pytest.fail) == destination  # a retry of the finished job
     assert store.uploads("models", "tiny/v1/config.json") == 1
@@ -167,7 +98,7 @@ def test_azurite_refuses_a_wrong_account_key(
     """The key really is what authenticates: Azurite checks each request's shared-key signature."""
     for name, value in azure.env.items():
         monkeypatch.setenv(name, value)
-    put(azure, "corpus/guarded.txt", b"x")
+    azure.put("corpus/guarded.txt", b"x")
     monkeypatch.setenv(
         "AZURE_STORAGE_ACCOUNT_KEY", "d3Jvbmcta2V5LW9mLXRoZS1yaWdodC1sZW5ndGgtZm9yLWEta2V5Cg=="
     )
@@ -199,7 +130,7 @@ def test_the_gcs_key_reaches_pyarrow_as_a_private_file(
     for name, value in gcs.env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
-    put(gcs, "corpus/keyed.txt", b"k")
+    gcs.put("corpus/keyed.txt", b"k")
     assert fetch("gs://corpus/keyed.txt", tmp_path).read_bytes() == b"k"
     key_file = Path(os.environ["GOOGLE_APPLICATION_CREDENTIALS"])
     assert key_file.read_text() == gcs.env["LLMTRAIN_GCS_CREDENTIALS"]
