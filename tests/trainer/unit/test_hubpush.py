@@ -1,15 +1,18 @@
 """checkpoint.pushToHub against a stand-in for the Hugging Face Hub (tests/support/fake_hub.py).
 
-There is no network to huggingface.co here, so the push is tested up to the request: a server on
-127.0.0.1 implements the few Hub endpoints huggingface_hub's create_repo / create_branch /
-upload_folder call and records what it receives. The tests check the token header, the repository
-and its visibility, that the committed files are the export byte for byte, that a 5xx answer is
-retried, and that a second call (a retry of the finished job) commits nothing. Whether the real Hub
-accepts the same requests is not tested.
+There is no network to huggingface.co here, so the Hub is a stand-in speaking its protocol: a
+server on 127.0.0.1 implements the Hub endpoints huggingface_hub's create_repo / create_branch /
+upload_folder call, the Git LFS batch and upload path of large files included, and records what it
+receives. The tests check the token header, the repository and its visibility, that the committed
+files are the export byte for byte (a file above the LFS threshold through the LFS upload URL),
+that a 5xx answer is retried, and that a second call (a retry of the finished job) commits
+nothing. Whether the real Hub accepts the same requests is not tested, nor the Xet storage that
+huggingface_hub uses instead of LFS when hf_xet is installed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -92,6 +95,40 @@ def test_the_export_lands_in_one_commit_after_a_refused_attempt(hub: FakeHub, tm
     assert push_to_hub(config, sleep=pauses.append) == url
     assert len(hub.requests) == sent
     assert len(repo.commits) == 1
+
+
+def test_a_file_above_the_lfs_threshold_goes_through_the_lfs_upload_url(
+    hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """model.safetensors (1 KiB) is at the stand-in's lowered LFS threshold: huggingface_hub asks the
+    LFS batch API for an upload URL, PUTs the bytes there, verifies them, and the commit names the
+    object by its sha256 instead of carrying it. Xet is off: the stand-in speaks LFS only."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    hub.lfs_threshold = len(EXPORT["model.safetensors"])
+    config = _exported(tmp_path)
+
+    push_to_hub(config, sleep=lambda _: pytest.fail("the push was retried"))
+
+    assert hub.repos["my-org/tiny-sft"].branches["main"] == EXPORT
+    oid = hashlib.sha256(EXPORT["model.safetensors"]).hexdigest()
+    assert hub.lfs_objects == {oid: EXPORT["model.safetensors"]}
+    assert [(r.method, r.path) for r in hub.requests] == [
+        ("POST", "/api/repos/create"),
+        ("POST", "/api/models/my-org/tiny-sft/preupload/main"),
+        ("POST", "/my-org/tiny-sft.git/info/lfs/objects/batch"),
+        ("PUT", f"/lfs/upload/{oid}"),
+        ("POST", f"/lfs/verify/{oid}"),
+        ("POST", "/api/models/my-org/tiny-sft/commit/main"),
+    ]
+    commit = [json.loads(line) for line in hub.requests[-1].body.splitlines()]
+    entries = {entry["value"]["path"]: entry for entry in commit if entry["key"] != "header"}
+    assert entries["model.safetensors"] == {
+        "key": "lfsFile",
+        "value": {"path": "model.safetensors", "algo": "sha256", "oid": oid, "size": 1024},
+    }
+    assert entries["config.json"]["key"] == "file"  # below the threshold: inline
 
 
 def test_a_branch_is_created_and_committed_to_and_a_new_target_pushes_again(
