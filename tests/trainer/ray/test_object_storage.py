@@ -64,6 +64,7 @@ def test_llmtrain_run_reads_its_dataset_from_and_pushes_its_export_to_the_object
         assert json.loads(store.read("models/tiny-cpu/v1/config.json"))["model_type"] == "llama"
         (export,) = runs.glob("*/*/export/model.safetensors")
         assert store.read("models/tiny-cpu/v1/model.safetensors") == export.read_bytes()
+        assert store.uploads("models", "tiny-cpu/v1/model.safetensors") == 1
         # The trainer read the cached copy on the runs' storage, fetched once.
         (cached,) = (runs / ".object-cache").glob("*/tiny-stories.txt")
         assert cached.read_bytes() == TINY_STORIES.read_bytes()
