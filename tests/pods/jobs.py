@@ -119,6 +119,9 @@ class Watch:
     statuses: list[dict[str, Any]] = field(default_factory=list)
     running_pods: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> pod, once Running
     submitter_succeeded: bool = False
+    # (seconds since the first look, what changed): phase, step, checkpoint and Ray pods' phases.
+    timeline: list[tuple[float, str]] = field(default_factory=list)
+    t0: float = 0.0  # time.monotonic() of the timeline's zero; the first look's if unset
 
     def look(self, cluster: Cluster) -> str:
         """One look; the phase. Pods and submitter Jobs count only when they are this job's (its uid
@@ -140,7 +143,36 @@ class Watch:
             (j.get("status") or {}).get("succeeded") and _uid_of(j["spec"]["template"]["metadata"]) == uid
             for j in jobs
         )
-        return str(status.get("phase") or "")
+        phase = str(status.get("phase") or "")
+        self._record(phase, status, pods)
+        return phase
+
+    def _record(self, phase: str, status: dict[str, Any], pods: list[dict[str, Any]]) -> None:
+        """A timeline entry when the phase, step, checkpoint or a Ray pod's phase changed (`-`: being
+        deleted): where a scenario's time goes."""
+        progress = status.get("progress") or {}
+        ray = sorted(
+            f"{p['metadata']['labels']['ray.io/node-type']}:{p['status'].get('phase')}"
+            + ("-" if p["metadata"].get("deletionTimestamp") else "")
+            for p in pods
+            if "ray.io/node-type" in (p["metadata"].get("labels") or {})
+        )
+        checkpoint = (progress.get("lastCheckpoint") or {}).get("step")
+        now = time.monotonic()
+        self.t0 = self.t0 or now
+        entry = f"{phase} step={progress.get('step')} ckpt={checkpoint} {' '.join(ray)}"
+        if not self.timeline or self.timeline[-1][1] != entry:
+            self.timeline.append((now - self.t0, entry))
+
+    def mark(self, what: str) -> None:
+        """A test's own event (a kill, a patch) in the timeline."""
+        now = time.monotonic()
+        self.t0 = self.t0 or now
+        self.timeline.append((now - self.t0, f"-- {what}"))
+
+    def timings(self) -> str:
+        """The timeline, a line per entry."""
+        return "\n".join(f"{t:7.1f} s  {entry}" for t, entry in self.timeline)
 
     def until(
         self,
@@ -180,6 +212,7 @@ class Watch:
         ns = self.namespace
         parts = [cluster.kubectl("get", "llmtj,rayjob,pods", "-n", ns, "-o", "wide", check=False).stdout]
         parts.append(json.dumps(self.statuses[-1] if self.statuses else {}))
+        parts.append(self.timings()[-2000:])
         for selector in ("ray.io/node-type=head", "batch.kubernetes.io/job-name"):
             logs = cluster.kubectl("logs", "-n", ns, "-l", selector, "--tail=40", check=False)
             parts.append(logs.stdout + logs.stderr)

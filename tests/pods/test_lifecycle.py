@@ -23,8 +23,10 @@ from tests.support.cluster.cluster import Cluster
 
 NAME = "tiny-cpu-life"
 EVERY = 20
-# Long enough (about 0.2 s a step here) that the suspend lands while it trains, not after the end.
-STEPS = 400
+# Long enough (about 0.2 s a step here) that the suspend lands while it trains, not after the end:
+# it is asked for about 40 steps after the resume and lands some 50 steps later (the Ray pods get
+# 5 s from SIGTERM to SIGKILL; with Kubernetes' default 30 s they trained on for 150-220 steps).
+STEPS = 280
 
 
 def _progress(status: dict[str, Any]) -> dict[str, Any]:
@@ -49,14 +51,15 @@ def test_worker_loss_suspend_resume_and_recreate_in_real_pods(
     cluster: Cluster, release: Release, namespace: str
 ) -> None:
     started = time.monotonic()
+    watch = jobs.Watch(namespace, NAME, t0=started)
     jobs.seed_data(cluster, release, namespace)
+    watch.mark("data seeded")
     job = jobs.variant(
         NAME,
         training={"maxSteps": STEPS, "logEverySteps": 5},
         checkpoint={"everySteps": EVERY, "keep": 2},
     )
     jobs.apply_job(cluster, namespace, job)
-    watch = jobs.Watch(namespace, NAME)
 
     # 1. Past the first checkpoint, a worker pod goes.
     watch.until(
@@ -72,6 +75,7 @@ def test_worker_loss_suspend_resume_and_recreate_in_real_pods(
     # As a node failure would: SIGTERM, then SIGKILL a second later.
     cluster.kubectl("delete", "pod", victim, "-n", namespace, "--grace-period=1", "--wait=false")
     killed = time.monotonic()
+    watch.mark(f"deleted {victim}")
 
     def resumed_and_checkpointed(_: str) -> bool:
         """A new worker pod ran, the trainer resumed, and it checkpointed again after resuming (a
@@ -104,12 +108,14 @@ def test_worker_loss_suspend_resume_and_recreate_in_real_pods(
     assert after and after[0] < min(loss_at_kill * 1.5, 5.0), (loss_at_kill, after[:5])
 
     # 2. Suspend: every Ray pod goes, the checkpoints stay; resume continues from the last one.
+    watch.mark("suspend")
     cluster.kubectl("patch", "llmtj", NAME, "-n", namespace, "--type=merge", "-p", _suspend(True))
     watch.until(
         cluster, lambda phase: phase == "Suspended" and not jobs.ray_pods(cluster, namespace), what="suspend"
     )
     suspended_at = _checkpoint_step(watch.statuses[-1])
     assert checkpoint_at_kill < suspended_at < STEPS, watch.statuses[-1]  # it stopped mid-run
+    watch.mark("resume")
     cluster.kubectl("patch", "llmtj", NAME, "-n", namespace, "--type=merge", "-p", _suspend(False))
     phase = watch.until(cluster, lambda phase: phase in jobs.TERMINAL)
     assert phase == "Succeeded", watch.story(cluster)
@@ -118,6 +124,7 @@ def test_worker_loss_suspend_resume_and_recreate_in_real_pods(
     assert result["resumed_from_step"] == suspended_at, (result, suspended_at)
     assert result["finished"] and result["steps"] == STEPS, result
     finished = time.monotonic()
+    watch.mark("result read")
 
     # 3. Delete and apply again under the same name, with another spec: the README's Hugging Face
     # Trainer example (issue #21 scenario 6 runs here, saving a Ray cluster start). A new run from
@@ -129,7 +136,8 @@ def test_worker_loss_suspend_resume_and_recreate_in_real_pods(
     earlier_pods = jobs.ray_pods(cluster, namespace)
     hf_job = jobs.mode_job("tiny-cpu-hf.yaml", NAME)
     jobs.apply_job(cluster, namespace, hf_job)
-    again = jobs.Watch(namespace, NAME)
+    again = jobs.Watch(namespace, NAME, t0=started)
+    again.mark("deleted and applied again")
     phase = again.until(cluster, lambda phase: phase in jobs.TERMINAL, what="the re-created job to finish")
     assert phase == "Succeeded", again.story(cluster)
     second = get(cluster, "llmtj", NAME, namespace)
@@ -143,6 +151,7 @@ def test_worker_loss_suspend_resume_and_recreate_in_real_pods(
     assert _resumed_steps(cluster, namespace) == [], "the re-created job resumed the old run"
     waited = [s["message"] for s in again.statuses if "earlier LLMTrainingJob" in s.get("message", "")]
     assert waited or not earlier_pods, ("the new job did not wait for the earlier pods", earlier_pods)
+    print("\n" + watch.timings() + "\n" + again.timings())
     print(
         f"\nkill at {step_at_kill} (checkpoint {checkpoint_at_kill}) -> resumed {resumed} in "
         f"{resumed_after_kill - killed:.0f} s; suspended at {suspended_at}, finished "

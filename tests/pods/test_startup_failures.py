@@ -14,7 +14,9 @@ from tests.pods import jobs
 from tests.pods.conftest import Release
 from tests.support.cluster.cluster import Cluster
 
-DEADLINE = 60
+# The operator looks at a starting job 10 s after its start and every 15 s after: two looks see
+# the kubelet's reason before the deadline.
+DEADLINE = 30
 MISSING_IMAGE = "localhost/llmtrain/no-such-trainer:1"
 MISSING_SECRET = "no-such-token"
 # Small enough that both jobs' pods (3 Ray pods and a 200m submitter each) fit the 2-core node

@@ -16,7 +16,7 @@ from llmtrain.constants import CONFIG_FILENAME, MAX_NAME_LENGTH, RAY_VERSION, RA
 from llmtrain.render import ImageSettings, render
 from llmtrain.render.names import child_name
 from llmtrain.render.network import PROFILES
-from llmtrain.render.rayjob import CONTAINER_SECURITY_CONTEXT
+from llmtrain.render.rayjob import CONTAINER_SECURITY_CONTEXT, TERMINATION_GRACE_SECONDS
 from llmtrain.render.trainer_config import cluster_trainer_config
 
 from tests.support.jobs import load_example, minimal_job, with_path
@@ -269,6 +269,14 @@ def test_restricted_security_context_on_every_pod_and_container() -> None:
             assert sc["allowPrivilegeEscalation"] is False
             assert sc["capabilities"] == {"drop": ["ALL"]}
             assert sc["runAsNonRoot"] is True
+
+
+def test_every_pod_is_killed_soon_after_sigterm() -> None:
+    """Nothing in a Ray or submitter pod acts on SIGTERM: a long grace period only keeps a suspended
+    or deleted job training (and holding its node) after its status says it stopped."""
+    rj = rayjob(_gpu_job())
+    for pod in [*pods(rj), rj["spec"]["submitterPodTemplate"]["spec"]]:
+        assert pod["terminationGracePeriodSeconds"] == TERMINATION_GRACE_SECONDS <= 5
 
 
 def test_hf_token_only_by_secret_reference() -> None:

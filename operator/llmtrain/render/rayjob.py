@@ -58,6 +58,13 @@ POD_SECURITY_CONTEXT: dict[str, Any] = {
     "fsGroup": RAY_UID,
     "seccompProfile": {"type": "RuntimeDefault"},
 }
+# Seconds a Ray pod (and the submitter) gets between SIGTERM and SIGKILL. KubeRay does not stop the
+# Ray job before it deletes the cluster (suspend, preemption, delete) and there is no preStop hook;
+# with Kubernetes' default 30 s, real pods went on training and checkpointing for those 30 s after
+# a suspend (the status already said Suspended), held their node that long, and a re-created job
+# waited for them. `ray start`'s own SIGTERM handling needs a few seconds at most, and a checkpoint
+# cut short is skipped on restore (checkpoint.py), so a kill loses nothing.
+TERMINATION_GRACE_SECONDS = 5
 CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
     "runAsNonRoot": True,
     "allowPrivilegeEscalation": False,
@@ -155,6 +162,7 @@ def _pod_spec(
     pod: dict[str, Any] = {
         "serviceAccountName": trainer_account_name(job.metadata.name),
         "securityContext": POD_SECURITY_CONTEXT,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "containers": [container],
         "volumes": _volumes(job),
     }
@@ -285,6 +293,7 @@ def _submitter_template(job: LLMTrainingJob, images: ImageSettings) -> dict[str,
             "automountServiceAccountToken": False,
             **placement,
             "securityContext": POD_SECURITY_CONTEXT,
+            "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
             "containers": [
                 {
                     "name": "ray-job-submitter",
