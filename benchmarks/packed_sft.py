@@ -2,21 +2,30 @@
 
 Instruction data comes in lengths spread over an order of magnitude, so a micro-batch padded to
 its longest example is mostly padding; packing (dataset.packing, the default) puts whole examples
-side by side in maxSeqLength rows instead, each with its own positions, and the document mask
-keeps attention inside each example. This script builds both forms of one synthetic instruction
-set through the trainer's own pipeline (`build_sequences`, `DistributedBatches`, `collate`) and
-trains a small Llama with the DDP strategy's step (`forward_backward`, `step`) on one gloo
-process, with the attention kernel the trainer picks on a CPU.
+side by side in maxSeqLength rows instead, best fit decreasing (`data.best_fit_rows`), each with
+its own positions, and the document mask keeps attention inside each example. This script builds
+both forms of one synthetic instruction set through the trainer's own pipeline
+(`build_sequences`, `DistributedBatches`, `collate`) and trains a small Llama with the DDP
+strategy's step (`forward_backward`, `step`) on one gloo process, with the attention kernel the
+trainer picks on a CPU.
 
-The records' token lengths are log-normal (seeded): median ~120, clipped to [24, maxSeqLength].
-Both forms get the same padded-token budget per micro-batch (the packed micro-batch has as many
-maxSeqLength rows as the padded one holds tokens on average), so the ratio reflects the share of
-real tokens, not a larger matmul. The real-token share of a whole epoch of each form's batches is
-printed with it: the ratio's ceiling, which the packed rows' attention (the CPU's dense mask covers
-whole maxSeqLength rows; flex_attention on a GPU skips the blocks between examples) lowers a
-bit. Time is this process's CPU time (one torch thread), so other processes' load on a shared
-machine does not count; the two forms alternate block by block and the fastest block of each
-counts.
+The data is synthetic: 800 records whose token lengths (prompt + response, one byte = one token)
+are log-normal, mu 4.8 and sigma 0.7 (median ~120, p10 ~48, p90 ~290), clipped to [24,
+maxSeqLength - 8], seeded: a stand-in for single-turn instruction data (short prompts and replies
+with a long right tail), not a measured public set. Both forms get the same padded-token budget
+per micro-batch (the packed micro-batch has as many maxSeqLength rows as the padded one holds
+tokens on average), so the ratio reflects the share of real tokens, not a larger matmul.
+
+Printed: the fill of each form over one whole epoch (real tokens over all tokens of its
+micro-batch tensors: padded rows are padded to their micro-batch's longest, packed rows to theirs)
+and of the packed rows alone (real tokens over rows x maxSeqLength). packed fill / padded fill is
+the tokens/s ratio's ceiling if a step's time were proportional to its tensor's tokens; the CPU
+falls short of it because its packed attention is dense over whole maxSeqLength rows (sdpa with
+the document mask as a dense mask: flex_attention has no CPU backward), while a padded row's
+attention spans only its micro-batch's longest example. On a GPU flex_attention skips the blocks
+between examples. tokens/s is real tokens (the padding excluded, in both forms) per second of
+this process's CPU time (one torch thread), so other processes' load on a shared machine does not
+count; the two forms alternate block by block and the fastest block of each counts.
 
     python benchmarks/packed_sft.py   # packed_sft_tokens_per_s_ratio=<packed/padded> (higher is better)
 """
@@ -144,6 +153,12 @@ def epoch_share(form: Form) -> float:
     return sum(_real_tokens(b) for b in drawn) / sum(b["input_ids"].numel() for b in drawn)
 
 
+def row_fill(form: Form, max_len: int) -> float:
+    """Real tokens over the capacity of the form's rows (rows x maxSeqLength): how well packing
+    fills its rows, before micro-batching."""
+    return sum(len(ids) for ids in form.rows["input_ids"]) / (len(form.rows) * max_len)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -177,6 +192,7 @@ def main() -> None:
         finally:
             dist.destroy_process_group()
     q = statistics.quantiles(lengths, n=10)
+    fill = {"padded": epoch_share(padded), "packed": epoch_share(packed)}
     result: dict[str, Any] = {
         "attention": packed.strategy.attention,
         "example_tokens": {
@@ -186,10 +202,9 @@ def main() -> None:
             "max": max(lengths),
         },
         "micro_batch_rows": {"padded": 8, "packed": packed_rows},
-        "epoch_real_token_share": {
-            "padded": round(epoch_share(padded), 3),
-            "packed": round(epoch_share(packed), 3),
-        },
+        "epoch_fill": {"padded": round(fill["padded"], 3), "packed": round(fill["packed"], 3)},
+        "packed_row_fill": round(row_fill(packed, args.max_seq_length), 3),
+        "ratio_ceiling": round(fill["packed"] / fill["padded"], 2),
         "timed_real_token_share": {
             "padded": round(padded.real / padded.padded, 3),
             "packed": round(packed.real / packed.padded, 3),
@@ -197,6 +212,7 @@ def main() -> None:
         "real_tokens_per_s": {"padded": round(padded.best), "packed": round(packed.best)},
     }
     print(json.dumps(result), file=sys.stderr)
+    print(f"packed_sft_fill padded={fill['padded']:.3f} packed={fill['packed']:.3f}")
     print(f"packed_sft_tokens_per_s_ratio={packed.best / padded.best:.2f}")
 
 
