@@ -2,21 +2,37 @@
 
 Instruction data comes in lengths spread over an order of magnitude, so a micro-batch padded to
 its longest example is mostly padding; packing (dataset.packing, the default) puts whole examples
-side by side in maxSeqLength rows instead, each with its own positions, and the document mask
-keeps attention inside each example. This script builds both forms of one synthetic instruction
-set through the trainer's own pipeline (`build_sequences`, `DistributedBatches`, `collate`) and
-trains a small Llama with the DDP strategy's step (`forward_backward`, `step`) on one gloo
-process, with the attention kernel the trainer picks on a CPU.
+side by side in maxSeqLength rows instead, best fit decreasing (`data.best_fit_rows`), each with
+its own positions, and the document mask keeps attention inside each example. This script builds
+both forms of one synthetic instruction set through the trainer's own pipeline
+(`build_sequences`, `DistributedBatches`, `collate`) and trains a small Llama with the DDP
+strategy's step (`forward_backward`, `step`) on one gloo process, with the attention kernel the
+trainer picks on a CPU.
 
-The records' token lengths are log-normal (seeded): median ~120, clipped to [24, maxSeqLength].
-Both forms get the same padded-token budget per micro-batch (the packed micro-batch has as many
-maxSeqLength rows as the padded one holds tokens on average), so the ratio reflects the share of
-real tokens, not a larger matmul. The real-token share of a whole epoch of each form's batches is
-printed with it: the ratio's ceiling, which the packed rows' attention (the CPU's dense mask covers
-whole maxSeqLength rows; flex_attention on a GPU skips the blocks between examples) lowers a
-bit. Time is this process's CPU time (one torch thread), so other processes' load on a shared
-machine does not count; the two forms alternate block by block and the fastest block of each
-counts.
+The data is synthetic: 800 records whose token lengths (prompt + response, one byte = one token)
+are log-normal, mu 4.8 and sigma 0.7 (median ~120, p10 ~48, p90 ~290), clipped to [24,
+maxSeqLength - 8], seeded: a stand-in for single-turn instruction data (short prompts and replies
+with a long right tail), not a measured public set. Both forms get the same padded-token budget
+per micro-batch (the packed micro-batch has as many maxSeqLength rows as the padded one holds
+tokens on average), so the ratio reflects the share of real tokens, not a larger matmul.
+
+tokens/s is real tokens (the padding excluded, in both forms) per second of this process's CPU
+time (one torch thread), so other processes' load on a shared machine counts less. Each form times
+12 micro-batches spread evenly over one epoch of its order, 2 steps on each, the two forms taking
+turns, and each micro-batch counts with its fastest step. (Keeping the fastest of several blocks
+of consecutive micro-batches, as before, favours the padded form: its fill varies from block to
+block, so its fastest block tends to be its fullest.)
+
+Printed: the fill of each form over that whole epoch (real tokens over all tokens of its
+micro-batch tensors: padded rows are padded to their micro-batch's longest, packed rows to theirs)
+and of the packed rows alone (real tokens over rows x maxSeqLength). packed fill / padded fill
+(`ratio_ceiling`) bounds the tokens/s ratio if a step's time is proportional to its tensor's
+tokens. Two things keep the CPU below it: packed attention is dense over whole maxSeqLength rows
+(sdpa with the document mask as a dense mask; flex_attention has no CPU backward), while a padded
+row's attention spans only its micro-batch's longest example (on a GPU flex_attention skips the
+blocks between examples); and the timed batches' fill differs from the epoch's
+(`timed_fill`). `ratio_at_epoch_fill` takes out the latter: each form's measured tokens/s over all
+tensor tokens times its epoch's fill.
 
     python benchmarks/packed_sft.py   # packed_sft_tokens_per_s_ratio=<packed/padded> (higher is better)
 """
@@ -111,19 +127,37 @@ class Form:
             pad_id=PAD,
             multiple_of=packed_row_length(cfg.dataset, self.strategy.attention),
         )
-        self.best = 0.0
-        self.real = self.padded = 0
+        self.timed: list[dict[str, torch.Tensor]] = []
+        self.fastest: list[float] = []
 
-    def run(self, steps: int) -> None:
-        batches = [self.batches.next_batch() for _ in range(steps)]  # built before the clock
-        real = sum(_real_tokens(b) for b in batches)
-        start = time.process_time()  # CPU time: other processes' load does not count
-        for batch in batches:
-            self.strategy.forward_backward(batch, 1.0 / max(1, trained_tokens(batch["labels"])), True)
-            self.strategy.step()
-        self.best = max(self.best, real / (time.process_time() - start))
-        self.real += real
-        self.padded += sum(b["input_ids"].numel() for b in batches)
+        self.epoch_fill = self.mean_tokens = 0.0
+
+    def draw(self, count: int) -> None:
+        """The micro-batches to time: `count` spread evenly over the first epoch of the form's
+        order, so that together they fill about as well as the whole epoch; built before the
+        clock. Also that epoch's fill."""
+        epoch = [self.batches.next_batch() for _ in range(self.batches.batches_per_epoch)]
+        self.epoch_fill = fill(epoch)
+        self.mean_tokens = statistics.mean(b["input_ids"].numel() for b in epoch)
+        self.timed = [epoch[i * len(epoch) // count] for i in range(min(count, len(epoch)))]
+        self.fastest = [float("inf")] * len(self.timed)
+
+    def step(self, batch: dict[str, torch.Tensor]) -> float:
+        """One training step; returns its CPU time (other processes' load does not count)."""
+        start = time.process_time()
+        self.strategy.forward_backward(batch, 1.0 / max(1, trained_tokens(batch["labels"])), True)
+        self.strategy.step()
+        return time.process_time() - start
+
+    def run(self) -> None:
+        """One training step on each timed micro-batch; each keeps its fastest time so far."""
+        for i, batch in enumerate(self.timed):
+            self.fastest[i] = min(self.fastest[i], self.step(batch))
+
+    def tokens_per_s(self, real: bool = True) -> float:
+        """Real (else all) tokens of the timed micro-batches over the sum of their fastest steps."""
+        count = _real_tokens if real else lambda b: b["input_ids"].numel()
+        return sum(count(b) for b in self.timed) / sum(self.fastest)
 
 
 def _real_tokens(batch: dict[str, torch.Tensor]) -> int:
@@ -134,14 +168,15 @@ def _real_tokens(batch: dict[str, torch.Tensor]) -> int:
     return int((batch["input_ids"] != PAD).sum())
 
 
-def epoch_share(form: Form) -> float:
-    """Real tokens over all tokens in one whole epoch of the form's micro-batches (no training):
-    what the few timed batches sample."""
-    batches = DistributedBatches(
-        form.rows, form.batches.micro_batch, 0, 1, 1, PAD, multiple_of=form.batches.multiple_of
-    )
-    drawn = [batches.next_batch() for _ in range(batches.batches_per_epoch)]
-    return sum(_real_tokens(b) for b in drawn) / sum(b["input_ids"].numel() for b in drawn)
+def fill(batches: list[dict[str, torch.Tensor]]) -> float:
+    """Real tokens over all tokens of the micro-batches' tensors."""
+    return sum(_real_tokens(b) for b in batches) / sum(b["input_ids"].numel() for b in batches)
+
+
+def row_fill(form: Form, max_len: int) -> float:
+    """Real tokens over the capacity of the form's rows (rows x maxSeqLength): how well packing
+    fills its rows, before micro-batching."""
+    return sum(len(ids) for ids in form.rows["input_ids"]) / (len(form.rows) * max_len)
 
 
 def main() -> None:
@@ -150,8 +185,8 @@ def main() -> None:
     )
     parser.add_argument("--records", type=int, default=800)
     parser.add_argument("--max-seq-length", type=int, default=512)
-    parser.add_argument("--steps", type=int, default=3, help="steps per timed block")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batches", type=int, default=12, help="timed micro-batches per form")
+    parser.add_argument("--repeats", type=int, default=2, help="steps on each timed micro-batch")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -162,21 +197,27 @@ def main() -> None:
             env = WorkerEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
             padded_cfg = config(root / "records.jsonl", root, args.max_seq_length, packing=False)
             padded = Form(padded_cfg, 8, env)
+            padded.draw(args.batches)
             # As many maxSeqLength rows as a padded micro-batch holds tokens on average.
-            sample = [padded.batches.next_batch()["input_ids"].numel() for _ in range(20)]
-            packed_rows = max(1, round(statistics.mean(sample) / args.max_seq_length))
+            packed_rows = max(1, round(padded.mean_tokens / args.max_seq_length))
             packed = Form(
                 config(root / "records.jsonl", root, args.max_seq_length, packing=True), packed_rows, env
             )
-            for form in (padded, packed):  # warm-up: lazy initialisation, allocator
-                form.run(1)
-                form.best, form.real, form.padded = 0.0, 0, 0
+            packed.draw(args.batches)
+            for form in (padded, packed):
+                form.step(form.timed[0])  # warm-up: lazy initialisation, allocator
             for _ in range(args.repeats):
-                padded.run(args.steps)
-                packed.run(args.steps)
+                padded.run()
+                packed.run()
         finally:
             dist.destroy_process_group()
     q = statistics.quantiles(lengths, n=10)
+    ratio = packed.tokens_per_s() / padded.tokens_per_s()
+    # Were the timed batches exactly as full as their epoch: each form's tokens/s over all tensor
+    # tokens (padding included, nearly the same for both) times its epoch's fill.
+    at_epoch_fill = (packed.tokens_per_s(real=False) * packed.epoch_fill) / (
+        padded.tokens_per_s(real=False) * padded.epoch_fill
+    )
     result: dict[str, Any] = {
         "attention": packed.strategy.attention,
         "example_tokens": {
@@ -186,18 +227,20 @@ def main() -> None:
             "max": max(lengths),
         },
         "micro_batch_rows": {"padded": 8, "packed": packed_rows},
-        "epoch_real_token_share": {
-            "padded": round(epoch_share(padded), 3),
-            "packed": round(epoch_share(packed), 3),
+        "epoch_fill": {"padded": round(padded.epoch_fill, 3), "packed": round(packed.epoch_fill, 3)},
+        "packed_row_fill": round(row_fill(packed, args.max_seq_length), 3),
+        "ratio_ceiling": round(packed.epoch_fill / padded.epoch_fill, 2),
+        "timed_fill": {"padded": round(fill(padded.timed), 3), "packed": round(fill(packed.timed), 3)},
+        "all_tokens_per_s": {
+            "padded": round(padded.tokens_per_s(real=False)),
+            "packed": round(packed.tokens_per_s(real=False)),
         },
-        "timed_real_token_share": {
-            "padded": round(padded.real / padded.padded, 3),
-            "packed": round(packed.real / packed.padded, 3),
-        },
-        "real_tokens_per_s": {"padded": round(padded.best), "packed": round(packed.best)},
+        "real_tokens_per_s": {"padded": round(padded.tokens_per_s()), "packed": round(packed.tokens_per_s())},
+        "ratio_at_epoch_fill": round(at_epoch_fill, 2),
     }
     print(json.dumps(result), file=sys.stderr)
-    print(f"packed_sft_tokens_per_s_ratio={packed.best / padded.best:.2f}")
+    print(f"packed_sft_fill padded={padded.epoch_fill:.3f} packed={packed.epoch_fill:.3f}")
+    print(f"packed_sft_tokens_per_s_ratio={ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ checkpoint, so a resumed run neither repeats nor skips samples, even with a diff
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import logging
@@ -172,8 +173,38 @@ def pack(token_lists: Sequence[Sequence[int]], seq_length: int) -> list[list[int
     return [flat[i : i + seq_length] for i in range(0, len(flat) - seq_length + 1, seq_length)]
 
 
+def best_fit_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Group item indices into rows of at most `capacity` tokens, best fit decreasing.
+
+    Placing items in data order (next fit) closes a row as soon as the next item overflows it,
+    which leaves about a fifth of each row empty on instruction data; taking the longest items
+    first and putting each into the open row it fills most tightly leaves only a few percent.
+    The result depends on the lengths alone (ties keep data order), so a re-run, a retry or a
+    resume builds the same rows. An item longer than `capacity` gets a row of its own, as with
+    next fit. Each row lists its indices in data order; rows come in order of their first index.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # stable: ties in data order
+    rows: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # (tokens left, row), ascending: bisect finds the best fit
+    for item in order:
+        need = lengths[item]
+        at = bisect.bisect_left(free, (need, -1))
+        if at < len(free):
+            left, row = free.pop(at)
+        else:
+            left, row = capacity, len(rows)
+            rows.append([])
+        rows[row].append(item)
+        if left - need > 0:
+            bisect.insort(free, (left - need, row))
+    for indices in rows:
+        indices.sort()
+    rows.sort(key=lambda indices: indices[0])
+    return rows
+
+
 def pack_examples(examples: Sequence[Example], seq_length: int) -> dict[str, list[list[int]]]:
-    """Place whole examples side by side in rows of at most seq_length tokens, in order.
+    """Place whole examples side by side in rows of at most seq_length tokens (`best_fit_rows`).
 
     Each example keeps its labels except its first, which becomes IGNORE_INDEX: in a row that
     label would be predicted from the previous example's last token, and alone it is never
@@ -181,13 +212,13 @@ def pack_examples(examples: Sequence[Example], seq_length: int) -> dict[str, lis
     document boundaries, so attention never crosses them (see `collate`).
     """
     rows: dict[str, list[list[int]]] = {"input_ids": [], "labels": [], "position_ids": []}
-    for example in examples:
-        if not rows["input_ids"] or len(rows["input_ids"][-1]) + len(example.input_ids) > seq_length:
-            for column in rows.values():
-                column.append([])
-        rows["input_ids"][-1].extend(example.input_ids)
-        rows["labels"][-1].extend([IGNORE_INDEX, *example.labels[1:]])
-        rows["position_ids"][-1].extend(range(len(example.input_ids)))
+    for indices in best_fit_rows([len(e.input_ids) for e in examples], seq_length):
+        for column in rows.values():
+            column.append([])
+        for example in (examples[i] for i in indices):
+            rows["input_ids"][-1].extend(example.input_ids)
+            rows["labels"][-1].extend([IGNORE_INDEX, *example.labels[1:]])
+            rows["position_ids"][-1].extend(range(len(example.input_ids)))
     return rows
 
 
@@ -233,7 +264,7 @@ def _supervised_batch(
     return {"input_ids": [e.input_ids for e in examples], "labels": [e.labels for e in examples]}
 
 
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2
 """Bumped whenever the encoding code changes its output, so older caches are not reused."""
 
 _SPEC_FIELDS_NOT_IN_KEY = {
