@@ -51,8 +51,12 @@ def test_a_launch_in_this_process_trains_prunes_and_resumes(
     import torch.distributed as dist
     from llmtrain_trainer import launch
 
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "TOKENIZERS_PARALLELISM"):
-        monkeypatch.delenv(name, raising=False)  # launch sets them; put back at teardown
+    placement = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR")
+    for name in (*placement, "TOKENIZERS_PARALLELISM", "DS_ACCELERATOR"):
+        # launch sets them: recorded by setenv, so teardown removes them again (a LOCAL_RANK left
+        # behind makes a later Hugging Face Trainer in this process start a process group)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
 
     def run(steps: int) -> TrainerConfig:
         config = tiny_config(
