@@ -812,6 +812,7 @@ def cel_messages(doc: dict[str, Any]) -> list[str]:
     return [v.message for v in cel.violations(schema, _with_defaults(schema, copy.deepcopy(doc)))]
 
 
+@pytest.mark.thorough  # every bad spec through the CEL engine again: seconds
 def test_every_rule_but_transition_rules_has_a_bad_spec() -> None:
     """The cluster tier compares both CEL engines on this corpus; transition rules (old values)
     have their own real updates there."""

@@ -307,6 +307,22 @@ def launch_command(config_file: Path, workers: int) -> list[str]:
     ]
 
 
+LAUNCH_FAILURE_MARKS = ("error:", "exitcode", "Signal ", "Error:")
+"""What a failure line in launch.log holds, most telling first: launch.py's own message; torchrun's
+report of a rank that died without one (its exit code, the signal that killed it); a traceback's
+last line (torchrun's own failure, an exception before launch.py's handler)."""
+
+
+def launch_failure(lines: list[str], code: int) -> str:
+    """Why the launch failed, from its log: the last line with the most telling mark, else the code.
+    A rank killed by a signal (the OOM killer) writes no message of its own, and torchrun then
+    exits 1: its report names the signal."""
+    for mark in LAUNCH_FAILURE_MARKS:
+        if found := next((line.strip() for line in reversed(lines) if mark in line), None):
+            return found
+    return f"exit code {code}"
+
+
 def _run_without_ray(console: Console, config: TrainerConfig, use_gpu: bool) -> int:
     """Train through launch.py in child processes, their output in logs/launch.log (each rank's
     own log is in logs/worker-N.log, as under Ray); the console shows the progress bar."""
@@ -334,8 +350,7 @@ def _run_without_ray(console: Console, config: TrainerConfig, use_gpu: bool) -> 
         except KeyboardInterrupt:
             code = 130
     if code not in (0, 130):
-        lines = (logs / "launch.log").read_text(errors="replace").splitlines()
-        reason = next((line for line in reversed(lines) if "error:" in line), f"exit code {code}")
+        reason = launch_failure((logs / "launch.log").read_text(errors="replace").splitlines(), code)
         console.print(f"[red]training failed:[/red] {escape(reason)}", highlight=False)
         console.print(f"Logs: {escape(str(logs))} (launch.log, worker-<rank>.log). Run again to resume.")
         return 2 if code == 2 else 1

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import ray
 from datasets import Dataset
 from llmtrain.api.spec import DatasetSpec
+
+pytestmark = pytest.mark.slow  # starts the session's Ray instance: half a minute for this test alone
 
 RECORDS = {"text": [f"document {i} " * (i % 7 + 1) for i in range(230)]}
 SPEC = {"path": "x", "format": "text", "max_seq_length": 16}

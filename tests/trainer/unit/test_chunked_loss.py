@@ -171,6 +171,7 @@ def _fsdp_rank(rank: int, tmp_path: Path, config: Any) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two spawned ranks train
 def test_fsdp2_over_two_ranks_gives_the_whole_logits_gradients(tmp_path: Path) -> None:
     import torch.multiprocessing as mp
 
@@ -208,6 +209,7 @@ def _peak(mode: str) -> int:
     return int(json.loads(out.splitlines()[-1])["peak_bytes"])
 
 
+@pytest.mark.thorough  # two fresh processes at a 128k vocabulary
 def test_chunked_loss_peak_memory_is_far_below_whole_logits_at_a_128k_vocabulary() -> None:
     """Hidden 64, seq 512, batch 2, vocabulary 128,256: whole fp32 logits are 501 MiB, and the
     loss holds them, their log-softmax and gradient; chunks of 128 positions hold 63 MiB each."""

@@ -37,6 +37,7 @@ def _attempt(config: Any, monkeypatch: pytest.MonkeyPatch, latest: Path | None) 
         builtin.TrainingRun(config, ENV, run_dir, life).run()
 
 
+@pytest.mark.slow  # trains three runs
 @pytest.mark.usefixtures("one_process_group")
 def test_the_loop_resumed_on_another_worker_count_continues_the_epochs_schedule(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

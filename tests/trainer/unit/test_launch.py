@@ -20,13 +20,17 @@ NO_RAY = 'import sys\nsys.modules["ray"] = None  # this machine has no Ray: any 
 
 
 def _run_without_ray(args: list[str], tmp_path: Path) -> None:
-    """Run `args` with Ray unimportable in it and every process it starts."""
+    """Run `args` with Ray unimportable in it and every process it starts. On failure the message
+    ends with the tails of the logs it wrote (torchrun's launch.log, each rank's log)."""
     site = tmp_path / "no-ray"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(NO_RAY)  # imported at the start of every interpreter
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    if done.returncode != 0:
+        logs = sorted(tmp_path.rglob("*.log"))
+        tails = [f"--- {log}\n{log.read_text(errors='replace')[-3000:]}" for log in logs]
+        pytest.fail("\n".join([(done.stdout + done.stderr)[-4000:], *tails]))
 
 
 def _launch(config: TrainerConfig, tmp_path: Path) -> None:
@@ -38,6 +42,45 @@ def _steps(config: TrainerConfig) -> list[int]:
     return sorted(int(p.name.removeprefix("checkpoint-step-")) for p in complete_checkpoints(run_dir(config)))
 
 
+def test_a_launch_in_this_process_trains_prunes_and_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """launch.main in the test's own process, for `make test-fast` (the slow tests below start it as
+    the CLI does): a lone rank on its own file rendezvous trains, keeps checkpoint.keep checkpoints,
+    leaves no process group behind, and a second launch resumes from the newest checkpoint."""
+    import torch.distributed as dist
+    from llmtrain_trainer import launch
+
+    placement = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR")
+    for name in (*placement, "TOKENIZERS_PARALLELISM", "DS_ACCELERATOR"):
+        # launch sets them: recorded by setenv, so teardown removes them again (a LOCAL_RANK left
+        # behind makes a later Hugging Face Trainer in this process start a process group)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+
+    def run(steps: int) -> TrainerConfig:
+        config = tiny_config(
+            tmp_path,
+            "here",
+            scaling={"numWorkers": 1},
+            training={"maxSteps": steps, "lrScheduler": "constant", "warmupRatio": 0.0},
+            checkpoint={"everySteps": 1, "keep": 1},
+        )
+        file = write_config(config, tmp_path / f"here-{steps}.json")
+        assert launch.main(["--config", str(file), "--no-log-lines"]) == 0
+        assert not dist.is_initialized()
+        return config
+
+    first = run(2)
+    assert result(first)["steps"] == 2 and result(first)["resumed_from_step"] is None
+    assert _steps(first) == [2]
+    second = run(3)
+    assert result(second)["steps"] == 3 and result(second)["resumed_from_step"] == 2
+    assert _steps(second) == [3]
+    assert set(losses(second)) == {1, 2, 3}
+
+
+@pytest.mark.slow  # real training processes
 def test_one_process_trains_keeps_checkpoints_and_resumes_without_ray(tmp_path: Path) -> None:
     def config(steps: int) -> TrainerConfig:
         return tiny_config(
@@ -65,6 +108,7 @@ def test_one_process_trains_keeps_checkpoints_and_resumes_without_ray(tmp_path: 
     assert all(losses(second)[step] == trained[step] for step in range(1, 7))  # steps 1-6 not redone
 
 
+@pytest.mark.slow  # real training processes
 def test_evaluation_every_n_steps_from_a_validation_file_reports_the_best(tmp_path: Path) -> None:
     """dataset.validationPath with training.evalEverySteps 2 and checkpoints every 4 (exportBest):
     the loss is evaluated every 2 steps from the held-out file, status.progress gets the latest and
@@ -107,6 +151,7 @@ def test_evaluation_every_n_steps_from_a_validation_file_reports_the_best(tmp_pa
     assert _steps(config) == [4, 8, 10]
 
 
+@pytest.mark.slow  # real training processes
 def test_early_stopping_between_checkpoints_saves_the_state_it_stops_with(tmp_path: Path) -> None:
     """An evaluation off the checkpoint grid ends the run (patience 1, an unreachable minDelta):
     the run stops there, successfully, and checkpoints that step as it would its last."""
@@ -124,6 +169,7 @@ def test_early_stopping_between_checkpoints_saves_the_state_it_stops_with(tmp_pa
     assert _steps(config) == [4, 6]
 
 
+@pytest.mark.slow  # real training processes
 def test_llmtrain_run_no_ray_trains_a_two_worker_job_with_torchrun(tmp_path: Path) -> None:
     """`llmtrain run --no-ray` on the demo job (2 workers): torchrun starts a rank per worker."""
     job = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())

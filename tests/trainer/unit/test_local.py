@@ -178,3 +178,36 @@ def test_run_local_says_a_finished_run_is_finished(
     assert (summary["initial_loss"], summary["final_loss"], summary["resumed_from_step"]) == (6.0, 2.5, 40)
     local.plot_loss_curve(run_dir, tmp_path / "curve.png")
     assert (tmp_path / "curve.png").stat().st_size > 1000
+
+
+# torchrun's report (torch 2.13) when a rank was killed by a signal: no line of it says "error:".
+TORCHRUN_KILLED = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+=====================================================
+llmtrain_trainer.launch FAILED
+-----------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+-----------------------------------------------------
+Root Cause (first observed failure):
+[1]:
+  time      : 2026-11-27_03:47:10
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 8048)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 8048
+=====================================================
+"""
+
+
+def test_a_failed_launch_names_launchs_message_else_the_signal_that_killed_a_rank() -> None:
+    """`llmtrain run --no-ray` said only "training failed: exit code 1" when a rank died by a
+    signal (torchrun then exits 1 and no line says "error:"): it now names the signal."""
+    killed = ["step 3/4 | loss 5.2", *TORCHRUN_KILLED.splitlines()]
+    assert local.launch_failure(killed, 1) == "exitcode  : -9 (pid: 8048)  (SIGKILL)"
+    message = "python -m llmtrain_trainer.launch: error: training failed: RuntimeError: boom"
+    assert local.launch_failure([message, *TORCHRUN_KILLED.splitlines()], 1) == message
+    traceback = ["Traceback (most recent call last):", '  File "x.py", line 1', "ValueError: bad"]
+    assert local.launch_failure(traceback, 1) == "ValueError: bad"
+    assert local.launch_failure(["step 1/4"], 1) == "exit code 1"

@@ -137,6 +137,7 @@ def _build_in_new_process(corpus: Path, cache: Path) -> tuple[dict[str, object],
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
 
+@pytest.mark.thorough  # two fresh processes import datasets
 def test_second_build_in_a_new_process_loads_the_cache(tmp_path: Path) -> None:
     corpus = _corpus(
         tmp_path / "corpus.txt", "".join(f"Story {i}: once upon a time.\n\n" for i in range(300))

@@ -101,6 +101,7 @@ def _hsdp_rank(rank: int, tmp_path: Path) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two spawned ranks train
 def test_hsdp_mesh_groups_take_the_timeouts_after_every_rank_is_past_the_first_step(tmp_path: Path) -> None:
     """The mesh's groups are created with the backend's default timeout (NCCL's 10 minutes); they
     take collectiveTimeoutSeconds at start-up and stepTimeoutSeconds once training runs, and no
