@@ -65,7 +65,10 @@ def _rayjob(state: str) -> dict[str, Any]:
     }
 
 
-def _mirror(kube: StoredJob, index: dict[tuple[str, str], list[dict[str, Any]]], rayjob: dict[str, Any]) -> None:
+Index = dict[tuple[str, str], list[dict[str, Any]]]
+
+
+def _mirror(kube: StoredJob, index: Index, rayjob: dict[str, Any]) -> None:
     mirror.mirror_rayjob(
         {"type": "MODIFIED"},  # type: ignore[arg-type]
         rayjob,  # type: ignore[arg-type]
