@@ -26,7 +26,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "operator"), str(REPO)]
 
-from llmtrain.constants import API_GROUP, GROUP_VERSION, PLURAL  # noqa: E402
+from llmtrain.constants import API_GROUP, GROUP_VERSION, JOB_LABEL, MANAGED_BY_LABEL, OPERATOR_NAME, PLURAL  # noqa: E402
 
 from tests.support.cluster.cluster import Cluster  # noqa: E402
 from tests.support.cluster.steps import OPERATOR_SA, PLATFORM_NAMESPACE  # noqa: E402
@@ -47,29 +47,34 @@ def kube_for(cluster: Cluster, token: str, path: Path) -> Any:
     return Kube(k8s_client.ApiClient(configuration))
 
 
+def meta(name: str, namespace: str, job: str) -> dict[str, Any]:
+    """Labelled as the operator's own children (the chart's containment policy admits no others)."""
+    return {"name": name, "namespace": namespace, "labels": {MANAGED_BY_LABEL: OPERATOR_NAME, JOB_LABEL: job}}
+
+
 def timed(fn: Any, *args: Any) -> float:
     started = time.perf_counter()
     fn(*args)
     return (time.perf_counter() - started) * 1000
 
 
-def role(name: str, namespace: str, names: list[str] | None) -> dict[str, Any]:
+def role(name: str, namespace: str, job: str, names: list[str] | None) -> dict[str, Any]:
     rule: dict[str, Any] = {"apiGroups": [API_GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["patch"]}
     if names:
         rule["resourceNames"] = names
     return {
         "apiVersion": RBAC,
         "kind": "Role",
-        "metadata": {"name": name, "namespace": namespace},
+        "metadata": meta(name, namespace, job),
         "rules": [rule],
     }
 
 
-def binding(name: str, namespace: str, subject: dict[str, Any]) -> dict[str, Any]:
+def binding(name: str, namespace: str, job: str, subject: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": RBAC,
         "kind": "RoleBinding",
-        "metadata": {"name": name, "namespace": namespace},
+        "metadata": meta(name, namespace, job),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
         "subjects": [subject],
     }
@@ -141,10 +146,16 @@ def main() -> None:
         "name": f"system:serviceaccounts:{per_ns}",
         "apiGroup": "rbac.authorization.k8s.io",
     }
-    times["once-ns"].append(
-        timed(operator.create, role("llmtrain-reporter", per_ns, None))
-        + timed(operator.create, binding("llmtrain-reporter", per_ns, group))
+    # Once per namespace, by whoever sets the namespace up (the chart's containment policy lets the
+    # operator write only a Role confined to one job's status).
+    started = time.perf_counter()
+    cluster.apply(
+        [
+            role("llmtrain-reporter", per_ns, "reporter", None),
+            binding("llmtrain-reporter", per_ns, "reporter", group),
+        ]
     )
+    times["once-ns"].append((time.perf_counter() - started) * 1000)
     for i in range(args.jobs):  # interleaved: the same load for both designs
         name = f"j{i:03d}"
         sa = f"{name}-trainer"
@@ -155,16 +166,16 @@ def main() -> None:
                 {
                     "apiVersion": "v1",
                     "kind": "ServiceAccount",
-                    "metadata": {"name": sa, "namespace": per_job},
+                    "metadata": meta(sa, per_job, name),
                 },
             )
         )
-        times["role"].append(timed(operator.create, role(sa, per_job, [name])))
-        times["binding"].append(timed(operator.create, binding(sa, per_job, account)))
+        times["role"].append(timed(operator.create, role(sa, per_job, name, [name])))
+        times["binding"].append(timed(operator.create, binding(sa, per_job, name, account)))
         times["sa-ns"].append(
             timed(
                 operator.create,
-                {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": per_ns}},
+                {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(sa, per_ns, name)},
             )
         )
     for ns in (per_job, per_ns):
@@ -188,7 +199,7 @@ def main() -> None:
         f"operator, per job, median ms as its ServiceAccount: ServiceAccount {med['sa']:.0f}, "
         f"Role {med['role']:.0f}, RoleBinding {med['binding']:.0f} (per-job design: "
         f"{med['sa'] + med['role'] + med['binding']:.0f}); per-namespace design: ServiceAccount "
-        f"{med['sa-ns']:.0f} per job, Role+RoleBinding once {med['once-ns']:.0f}"
+        f"{med['sa-ns']:.0f} per job, Role+RoleBinding once (kubectl apply as admin) {med['once-ns']:.0f}"
     )
     print(
         "trainer status patch, median ms: per-job RBAC "
