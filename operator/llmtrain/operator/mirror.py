@@ -51,88 +51,31 @@ LABEL_CONCURRENCY = 8
 
 
 def mirror_rayjob(
-    event: kopf.RawEvent,
-    body: kopf.Body,
-    memo: kopf.Memo,
-    logger: kopf.Logger,
-    job_copies: kopf.Index[tuple[str, str], dict[str, Any]] | None = None,
-    **_: Any,
+    event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any
 ) -> None:
-    """Event handlers are not retried by Kopf: a few quick retries here, then the resync pass.
-
-    The owner comes from Kopf's index of the jobs it watches (`job_copies`, `index_copy`) rather
-    than a GET per RayJob event. The index may lag the job: the status write stays conditional
-    on the copy's resourceVersion, so a stale copy costs a 409, and the next attempt reads the job
-    from the API server (as does a job not in the index, and a deleted RayJob, whose re-creation
-    needs the whole spec)."""
+    """Event handlers are not retried by Kopf: a few quick retries here (each reads the job again:
+    a 409 means it changed since read), then the resync pass."""
     ref = owner_ref(body)
     if ref is None:
         return
-    deleted = event.get("type") == "DELETED"
     with JOB_LOCKS.hold(job_key({"namespace": body["metadata"]["namespace"], "name": ref["name"]})):
         for attempt in range(_MIRROR_ATTEMPTS):
-            cached = None if deleted or attempt else indexed_owner(job_copies, body)
             try:
-                job = cached if cached is not None else _owner(memo.kube, body)
+                job = _owner(memo.kube, body)
                 if job is None:
                     return
-                if deleted:
+                if event.get("type") == "DELETED":
                     rayjob_gone(memo.kube, memo.config, job, body, logger)
                 else:
                     startup.mirror(memo.kube, job, body)
                 return
             except ApiError as err:
-                if cached is not None and err.status == 409:
-                    continue  # the index lagged the job: read it now
                 ERRORS.labels(reason=f"StatusHttp{err.status}").inc()
                 if not err.transient or attempt == _MIRROR_ATTEMPTS - 1:
                     name = body["metadata"]["name"]
                     logger.warning(f"cannot mirror RayJob {name} yet ({err}); resync will")
                     return
                 time.sleep(err.retry_after or 0.5 * 2**attempt)
-
-
-def index_copy(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
-    """Kopf indexer of the jobs it watches (unfinished ones): what the RayJob mirror reads of a
-    job, by (namespace, name). Not the spec (only its runPolicy, for the start-up deadline) nor
-    Kopf's own bookkeeping (`status.kopf` holds a copy of the spec): a few hundred bytes a job."""
-    meta = body["metadata"]
-    kept = ("name", "namespace", "uid", "resourceVersion", "generation", "labels", "deletionTimestamp")
-    copy = {
-        "apiVersion": body.get("apiVersion"),
-        "kind": body.get("kind"),
-        "metadata": {key: meta[key] for key in kept if meta.get(key) is not None},
-        "spec": {"runPolicy": dict((body.get("spec") or {}).get("runPolicy") or {})},
-        "status": {k: v for k, v in (body.get("status") or {}).items() if k != "kopf"},
-    }
-    return {(meta["namespace"], meta["name"]): copy}
-
-
-def indexed_owner(
-    copies: kopf.Index[tuple[str, str], dict[str, Any]] | None, rayjob: Mapping[str, Any]
-) -> dict[str, Any] | None:
-    """The controlling job as Kopf's index holds it; None when the index has no copy of that uid
-    (not indexed yet, labelled finished, or a namesake): the caller reads the API server then."""
-    ref = owner_ref(rayjob)
-    if copies is None or ref is None:
-        return None
-    try:
-        held = list(copies[(rayjob["metadata"]["namespace"], ref["name"])])
-    except KeyError:
-        return None
-    for job in held:
-        if job["metadata"].get("uid") == ref.get("uid") and not job["metadata"].get("deletionTimestamp"):
-            return copy_of(job)
-    return None
-
-
-def copy_of(job: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy a handler may change without changing the index."""
-    return {
-        **job,
-        "metadata": {**job["metadata"], "labels": dict(job["metadata"].get("labels") or {})},
-        "status": dict(job.get("status") or {}),
-    }
 
 
 def owner_ref(rayjob: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -35,7 +35,7 @@ from llmtrain.constants import (
 from llmtrain.operator.config import OperatorConfig
 from llmtrain.operator.kube import ApiError, Kube
 from llmtrain.operator.metrics import PHASE_BOOK
-from llmtrain.operator.mirror import index_copy, label_finished_jobs, mirror_rayjob, resync_forever
+from llmtrain.operator.mirror import label_finished_jobs, mirror_rayjob, resync_forever
 from llmtrain.operator.reconcile import read_again, reconcile
 from llmtrain.operator.reporting import job_key
 
@@ -48,8 +48,6 @@ def register(registry: kopf.OperatorRegistry) -> None:
     for on in (kopf.on.resume, kopf.on.create, kopf.on.update):
         on(API_GROUP, API_VERSION, PLURAL, registry=registry)(reconcile)
     kopf.on.event(API_GROUP, API_VERSION, PLURAL, registry=registry)(forget_deleted)
-    # The RayJob mirror reads its job from here (`job_copies`), not with a GET per RayJob event.
-    kopf.index(API_GROUP, API_VERSION, PLURAL, id="job_copies", registry=registry)(index_copy)
     kopf.on.event(
         RAY_API_GROUP, RAY_API_VERSION, RAYJOB_PLURAL, labels={JOB_LABEL: kopf.PRESENT}, registry=registry
     )(mirror_rayjob)
