@@ -10,6 +10,7 @@ checkpoint, so a resumed run neither repeats nor skips samples, even with a diff
 from __future__ import annotations
 
 import bisect
+import gc
 import hashlib
 import json
 import logging
@@ -341,9 +342,18 @@ def tokenize_into(
         # a tokenizer that ran threads before the fork would warn and fall back in every child.
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         context = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(len(bounds), mp_context=context) as pool:
-            futures = [pool.submit(_tokenize_shard, i, a, b) for i, (a, b) in enumerate(bounds)]
-            return [f.result() for f in futures]
+        # The parent's garbage is freed here, and what the children inherit is frozen: a child
+        # never collects it. Collecting inherited objects in a child (finalisers of torch,
+        # tokenizer or thread state that only the parent owns) segfaulted the children now and
+        # then (a BrokenProcessPool in a test run after many others had left threads behind).
+        gc.collect()
+        gc.freeze()
+        try:
+            with ProcessPoolExecutor(len(bounds), mp_context=context) as pool:
+                futures = [pool.submit(_tokenize_shard, i, a, b) for i, (a, b) in enumerate(bounds)]
+                return [f.result() for f in futures]
+        finally:
+            gc.unfreeze()
     finally:
         _FORK_STATE = None
 

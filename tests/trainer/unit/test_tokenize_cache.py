@@ -3,6 +3,7 @@ by data, tokenizer and settings so that a retry or resume never tokenises again.
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -53,6 +54,35 @@ def test_parallel_rows_equal_one_process(
     three = tokenize(dataset, tokenizer, spec, procs=3)
     assert len(three.cache_files) == 3  # really three shards, written by three processes
     assert one.to_dict() == three.to_dict()
+
+
+_TOKENIZE_SHARD = data._tokenize_shard
+
+
+def _shard_recording_frozen(index: int, start: int, end: int) -> str:
+    """Runs in a forked tokeniser: records how many objects it sees frozen, then does the work."""
+    folder = Path(os.environ["TEST_FROZEN_DIR"])
+    (folder / f"{os.getpid()}-{index}").write_text(str(gc.get_freeze_count()))
+    return _TOKENIZE_SHARD(index, start, end)
+
+
+def test_the_forked_tokenisers_never_collect_what_they_inherited(
+    tokenizer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """A child collecting the parent's objects runs their finalisers where their state is not
+    theirs (threads, locks): the children of a long test run segfaulted so. Each child must see
+    the parent's objects frozen, and the parent must end unfrozen."""
+    monkeypatch.setenv("TEST_FROZEN_DIR", str(tmp_path))
+    monkeypatch.setattr(data, "_PACK_BATCH_RECORDS", 50)
+    monkeypatch.setattr(data, "_tokenize_shard", _shard_recording_frozen)
+    dataset = Dataset.from_dict({"text": [f"document {i} " * (i % 7 + 1) for i in range(230)]})
+    spec = DatasetSpec.model_validate({"path": "x", "format": "text", "max_seq_length": 16})
+    tokenize(dataset, tokenizer, spec, procs=2)
+    counts = {f.name: int(f.read_text()) for f in tmp_path.iterdir()}
+    assert len(counts) == 2, counts
+    assert all(name.split("-")[0] != str(os.getpid()) for name in counts)  # really forked
+    assert all(count > 1000 for count in counts.values()), counts
+    assert gc.get_freeze_count() == 0
 
 
 def _corpus(path: Path, text: str = "Once upon a time.\n\nThe end.\n") -> Path:
