@@ -134,7 +134,7 @@ def test_chunked_loss_adds_up_each_chunks_sum_in_fp32() -> None:
     hidden = torch.randn(2, 9, 8, generator=generator, requires_grad=True)
     head = torch.nn.Linear(8, 50, bias=False)
     labels = torch.randint(0, 50, (2, 9), generator=generator)
-    labels[0, :5] = IGNORE_INDEX
+    labels[1, :5] = IGNORE_INDEX  # row 0 is scored from its first position on
     expected = float(token_loss_sum(head(hidden), labels).detach())
     with_grad = chunked_token_loss_sum(hidden, head, labels, chunk_tokens=4)
     assert with_grad.requires_grad and float(with_grad.detach()) == pytest.approx(expected, rel=1e-5)
@@ -149,13 +149,19 @@ def test_chunked_loss_adds_up_each_chunks_sum_in_fp32() -> None:
 
 def test_the_chunked_loss_finds_the_causal_lm_inside_its_wrappers() -> None:
     """The loop takes the chunked path only when it finds the Hugging Face LM under a strategy's
-    wrapper; a model without one keeps whole logits."""
+    wrapper, with a decoder and a head whose output is the logits; any other model keeps whole
+    logits."""
     config = LlamaConfig(
         vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
     )
     lm = LlamaForCausalLM(config)
     assert causal_lm(torch.nn.ModuleDict({"wrapped": lm})) is lm
     assert causal_lm(torch.nn.Linear(2, 2)) is None
+    lm.config.final_logit_softcapping = 30.0  # Gemma 2's forward caps the head's output: not chunkable
+    assert causal_lm(lm) is None
+    lm.config.final_logit_softcapping = None
+    del lm.model  # no decoder under base_model_prefix to run the chunked forward on
+    assert causal_lm(lm) is None
 
 
 def test_pack_examples_keeps_masks_and_restarts_positions(tokenizer) -> None:  # type: ignore[no-untyped-def]
