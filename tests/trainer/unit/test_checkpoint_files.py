@@ -61,6 +61,9 @@ def test_complete_checkpoints_are_listed_newest_first(tmp_path: Path) -> None:
 def test_a_first_save_sorts_before_its_copies_and_a_stray_name_before_every_step(tmp_path: Path) -> None:
     """A step's first save is copy 0, older than its `-1`; a directory with the prefix but no step
     number (a user's `checkpoint-step-backup`) never counts as the newest, not even over step 0."""
+    # The names outlive a version (resumes read older runs' directories): a first save has no `-0`.
+    assert checkpoint_name(30) == "checkpoint-step-00000030"
+    assert checkpoint_name(30, 1) == "checkpoint-step-00000030-1"
     assert checkpoint_order(tmp_path / checkpoint_name(30)) == (30, 0)
     assert checkpoint_order(tmp_path / checkpoint_name(30, 1)) == (30, 1)
     stray = tmp_path / "checkpoint-step-backup"

@@ -160,7 +160,7 @@ def test_the_chunked_loss_finds_the_causal_lm_inside_its_wrappers() -> None:
     lm.config.final_logit_softcapping = 30.0  # Gemma 2's forward caps the head's output: not chunkable
     assert causal_lm(lm) is None
     lm.config.final_logit_softcapping = None
-    del lm.model  # no decoder under base_model_prefix to run the chunked forward on
+    lm.base_model_prefix = "decoder"  # no decoder under that name to run the chunked forward on
     assert causal_lm(lm) is None
 
 
