@@ -50,7 +50,12 @@ def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 def _chunk_loss(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     logits: torch.Tensor = head(hidden)
-    return F.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum")
+    return F.cross_entropy(
+        logits.float(),
+        targets,
+        ignore_index=IGNORE_INDEX,
+        reduction="sum",
+    )
 
 
 def chunked_token_loss_sum(

@@ -12,7 +12,13 @@ import pytest
 import torch
 from llmtrain_trainer import checkpoint
 from llmtrain_trainer.distributed import WorkerEnv
-from llmtrain_trainer.rundir import STATE_FILE, checkpoint_name, complete_checkpoints, write_durably
+from llmtrain_trainer.rundir import (
+    STATE_FILE,
+    checkpoint_name,
+    checkpoint_order,
+    complete_checkpoints,
+    write_durably,
+)
 
 ENV = WorkerEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 
@@ -50,6 +56,26 @@ def test_complete_checkpoints_are_listed_newest_first(tmp_path: Path) -> None:
     old, new = _checkpoint(tmp_path, 10), _checkpoint(tmp_path, 20)
     (tmp_path / checkpoint_name(30)).mkdir()  # no state file: a save that never finished
     assert complete_checkpoints(tmp_path) == [new, old]
+
+
+def test_a_first_save_sorts_before_its_copies_and_a_stray_name_before_every_step(tmp_path: Path) -> None:
+    """A step's first save is copy 0, older than its `-1`; a directory with the prefix but no step
+    number (a user's `checkpoint-step-backup`) never counts as the newest, not even over step 0."""
+    # The names outlive a version (resumes read older runs' directories): a first save has no `-0`.
+    assert checkpoint_name(30) == "checkpoint-step-00000030"
+    assert checkpoint_name(30, 1) == "checkpoint-step-00000030-1"
+    assert checkpoint_order(tmp_path / checkpoint_name(30)) == (30, 0)
+    assert checkpoint_order(tmp_path / checkpoint_name(30, 1)) == (30, 1)
+    stray = tmp_path / "checkpoint-step-backup"
+    assert checkpoint_order(stray) < checkpoint_order(tmp_path / checkpoint_name(0))
+    stray.mkdir()
+    (stray / STATE_FILE).write_text("{}")
+    first, again, zero = (
+        _checkpoint(tmp_path, 30),
+        _checkpoint(tmp_path, 30, copy=1),
+        _checkpoint(tmp_path, 0),
+    )
+    assert complete_checkpoints(tmp_path) == [again, first, zero, stray]
 
 
 class RecordingStrategy:

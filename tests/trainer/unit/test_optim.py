@@ -162,3 +162,29 @@ def test_a_rebased_schedule_sets_the_next_learning_rate_at_once() -> None:
     optimizer.step()
     scheduler.step()
     assert optimizer.param_groups[0]["lr"] == pytest.approx(lr_factor(13, warmup=2, total=20, kind="linear"))
+
+
+def test_the_schedule_holds_its_ends_and_follows_its_kind() -> None:
+    """The peak is reached at the warm-up's last step and held from the next; a run whose warm-up
+    covers all its steps stays at the peak; past the end (a resumed run's shifted schedule) the
+    rate stays at the end's; the scheduler follows training.lrScheduler, not the cosine default."""
+    assert lr_factor(10, warmup=10, total=110, kind="cosine") == pytest.approx(1.0)
+    assert lr_factor(12, warmup=10, total=10, kind="linear") == 1.0
+    assert lr_factor(130, warmup=10, total=110, kind="linear") == pytest.approx(0.0)
+    assert lr_factor(11, warmup=10, total=11, kind="linear") == pytest.approx(0.0)
+    optimizer, scheduler = _schedule(TrainingSpec(warmup_ratio=0.1, lr_scheduler="linear"), 10)
+    for _ in range(5):
+        optimizer.step()
+        scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(lr_factor(5, warmup=1, total=10, kind="linear"))
+
+
+def test_adamw_settings_and_the_fused_kernel_on_gpus() -> None:
+    """betas (0.9, 0.95) and eps 1e-8, the usual settings for LLM training, reach AdamW; the
+    fused kernel is asked for on GPUs only."""
+    training = TrainingSpec(weight_decay=0.1)
+    on_cpu = build_optimizer(nn.Linear(4, 4), training, on_gpu=False)
+    assert on_cpu.defaults["lr"] == training.learning_rate
+    assert (on_cpu.defaults["betas"], on_cpu.defaults["eps"]) == ((0.9, 0.95), 1e-8)
+    assert not on_cpu.defaults["fused"]
+    assert build_optimizer(nn.Linear(4, 4), training, on_gpu=True).defaults["fused"] is True

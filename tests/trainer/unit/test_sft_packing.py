@@ -28,10 +28,11 @@ from llmtrain_trainer.data import (
     tokenize,
 )
 from llmtrain_trainer.distributed import WorkerEnv
-from llmtrain_trainer.loss import token_loss_sum, trained_tokens
+from llmtrain_trainer.loss import causal_lm, chunked_token_loss_sum, token_loss_sum, trained_tokens
 from llmtrain_trainer.model import packed_attention, packed_row_length, unwrap_peft, use_packed_attention
 from llmtrain_trainer.strategies.ddp import DdpStrategy
 from llmtrain_trainer.tokenizer import byte_level_tokenizer
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from tests.support.trainer import REPO, tiny_config
 
@@ -126,6 +127,44 @@ def test_packed_row_gives_each_example_its_own_logits_and_loss(
     for ignored in (crossing, running_positions):
         torch.testing.assert_close(ignored[:, :first], logits[:, :first], rtol=1e-5, atol=1e-5)
         assert not torch.allclose(ignored[:, first:], logits[:, first:], rtol=1e-3, atol=1e-3)
+
+
+def test_chunked_loss_adds_up_each_chunks_sum_in_fp32() -> None:
+    """The loop's chunked head loss over chunks that split rows and hold ignored labels is the
+    whole-logits sum (each chunk summed, not averaged), with autograd (checkpointed chunks) and
+    without; the total is fp32 even for bf16 hidden states with no position to score."""
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 9, 8, generator=generator, requires_grad=True)
+    head = torch.nn.Linear(8, 50, bias=False)
+    labels = torch.randint(0, 50, (2, 9), generator=generator)
+    labels[1, :5] = IGNORE_INDEX  # row 0 is scored from its first position on
+    expected = float(token_loss_sum(head(hidden), labels).detach())
+    with_grad = chunked_token_loss_sum(hidden, head, labels, chunk_tokens=4)
+    assert with_grad.requires_grad and float(with_grad.detach()) == pytest.approx(expected, rel=1e-5)
+    with torch.no_grad():
+        assert float(chunked_token_loss_sum(hidden, head, labels, chunk_tokens=4)) == pytest.approx(
+            expected, rel=1e-5
+        )
+    empty = torch.zeros(1, 0, 8, dtype=torch.bfloat16)
+    total = chunked_token_loss_sum(empty, head, torch.zeros(1, 0, dtype=torch.long), chunk_tokens=4)
+    assert total.dtype == torch.float32 and float(total) == 0.0
+
+
+def test_the_chunked_loss_finds_the_causal_lm_inside_its_wrappers() -> None:
+    """The loop takes the chunked path only when it finds the Hugging Face LM under a strategy's
+    wrapper, with a decoder and a head whose output is the logits; any other model keeps whole
+    logits."""
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
+    )
+    lm = LlamaForCausalLM(config)
+    assert causal_lm(torch.nn.ModuleDict({"wrapped": lm})) is lm
+    assert causal_lm(torch.nn.Linear(2, 2)) is None
+    lm.config.final_logit_softcapping = 30.0  # Gemma 2's forward caps the head's output: not chunkable
+    assert causal_lm(lm) is None
+    lm.config.final_logit_softcapping = None
+    lm.base_model_prefix = "decoder"  # no decoder under that name to run the chunked forward on
+    assert causal_lm(lm) is None
 
 
 def test_pack_examples_keeps_masks_and_restarts_positions(tokenizer) -> None:  # type: ignore[no-untyped-def]
