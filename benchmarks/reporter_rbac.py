@@ -26,7 +26,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "operator"), str(REPO)]
 
+from llmtrain.api.job import LLMTrainingJob  # noqa: E402
 from llmtrain.constants import API_GROUP, GROUP_VERSION, JOB_LABEL, MANAGED_BY_LABEL, OPERATOR_NAME, PLURAL  # noqa: E402
+from llmtrain.render.rbac import trainer_rules  # noqa: E402
 
 from tests.support.cluster.cluster import Cluster  # noqa: E402
 from tests.support.cluster.steps import OPERATOR_SA, PLATFORM_NAMESPACE  # noqa: E402
@@ -58,15 +60,17 @@ def timed(fn: Any, *args: Any) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-def role(name: str, namespace: str, job: str, names: list[str] | None) -> dict[str, Any]:
-    rule: dict[str, Any] = {"apiGroups": [API_GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["patch"]}
-    if names:
-        rule["resourceNames"] = names
+def role(name: str, namespace: str, job: str, own_job_only: bool) -> dict[str, Any]:
+    """The trainer's Role as the operator renders it (`trainer_rules`), or, for the per-namespace
+    design, the same rule for every job of the namespace (no resourceNames)."""
+    rules = trainer_rules(LLMTrainingJob.model_validate(minimal_job(job, namespace)))
+    if not own_job_only:
+        rules = [{key: value for key, value in rule.items() if key != "resourceNames"} for rule in rules]
     return {
         "apiVersion": RBAC,
         "kind": "Role",
         "metadata": meta(name, namespace, job),
-        "rules": [rule],
+        "rules": rules,
     }
 
 
@@ -151,7 +155,7 @@ def main() -> None:
     started = time.perf_counter()
     cluster.apply(
         [
-            role("llmtrain-reporter", per_ns, "reporter", None),
+            role("llmtrain-reporter", per_ns, "reporter", own_job_only=False),
             binding("llmtrain-reporter", per_ns, "reporter", group),
         ]
     )
@@ -170,7 +174,7 @@ def main() -> None:
                 },
             )
         )
-        times["role"].append(timed(operator.create, role(sa, per_job, name, [name])))
+        times["role"].append(timed(operator.create, role(sa, per_job, name, own_job_only=True)))
         times["binding"].append(timed(operator.create, binding(sa, per_job, name, account)))
         times["sa-ns"].append(
             timed(
