@@ -8,10 +8,11 @@ come inline, base64, in the NDJSON commit) and "lfs" from `lfs_threshold` bytes 
 rule is 10 MB or binary content; a test lowers it): those go through the Git LFS batch API, a PUT
 of the bytes to the upload URL it hands out, the verify call, and the commit names them by sha256.
 huggingface_hub takes that LFS path only with Xet off (HF_HUB_DISABLE_XET, or no hf_xet package);
-with hf_xet installed (the trainer image has it) large files go to the Hub's Xet storage, which
-this stand-in does not speak. A real Hub's authorization, LFS rules and visibility are not
-modelled: the tests assert what reached the server (token header, repository, files), not what
-the Hub would do.
+hf_xet is installed (here and in the trainer image) and the push turns Xet off itself
+(llmtrain_trainer.hubpush._lfs_only), so this is the path a real push takes. The Xet protocol is
+not spoken here: a push that went to Xet fails on its first Xet request (a 404). A real Hub's
+authorization, LFS rules and visibility are not modelled: the tests assert what reached the server
+(token header, repository, files), not what the Hub would do.
 
     POST /api/repos/create                           {"name", "organization", "visibility"?}
     POST /api/models/<org>/<name>/branch/<branch>    {"startingPoint"?}

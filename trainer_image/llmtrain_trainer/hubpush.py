@@ -15,6 +15,14 @@ The token comes from HUB_TOKEN_ENV (a secretKeyRef on a cluster); when that is u
 `llmtrain run` on a laptop) huggingface_hub's own lookup applies (HF_TOKEN, a saved login). The
 endpoint comes from HF_ENDPOINT when set, so tests point it at a stand-in server on 127.0.0.1:
 the real Hub is never contacted by the tests.
+
+Xet is off for the push (`_lfs_only`): with the hf_xet package installed (it is in the trainer
+image) huggingface_hub would send upload_folder through its Xet pipeline, which may split a large
+folder into several commits and speaks a storage protocol the tests' Hub stand-in does not. With
+Xet off it takes the single-commit path, large files through the Git LFS upload API, which the
+real Hub still accepts and the tests exercise. huggingface_hub reads HF_HUB_DISABLE_XET from the
+environment once, into `constants.HF_HUB_DISABLE_XET` when first imported, and `is_xet_available()`
+reads that constant on every call: so the constant is what is set, only around the push.
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from llmtrain.api.hub import HUB_ENDPOINT_ENV, HUB_TOKEN_ENV, HubPushSpec
@@ -45,8 +54,28 @@ def _target(spec: HubPushSpec) -> dict[str, str]:
     return {"repo_id": spec.repo_id, "revision": spec.revision or DEFAULT_BRANCH}
 
 
+@contextmanager
+def _lfs_only() -> Iterator[None]:
+    """Xet off for the duration of the block, restored after (see the module docstring). The push
+    runs on one thread at the end of a run, so nothing else sees the change."""
+    from huggingface_hub import constants
+
+    before = constants.HF_HUB_DISABLE_XET
+    constants.HF_HUB_DISABLE_XET = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_DISABLE_XET = before
+
+
 def _upload(spec: HubPushSpec, export: Path, run_name: str) -> str:
     """One attempt: repository, branch, one commit of the whole folder; the commit's URL."""
+    with _lfs_only():
+        return _upload_lfs(spec, export, run_name)
+
+
+def _upload_lfs(spec: HubPushSpec, export: Path, run_name: str) -> str:
+    """_upload's requests, with Xet off."""
     from huggingface_hub import HfApi
 
     endpoint, token = os.environ.get(HUB_ENDPOINT_ENV), os.environ.get(HUB_TOKEN_ENV)

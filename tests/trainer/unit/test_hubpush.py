@@ -6,8 +6,9 @@ upload_folder call, the Git LFS batch and upload path of large files included, a
 receives. The tests check the token header, the repository and its visibility, that the committed
 files are the export byte for byte (a file above the LFS threshold through the LFS upload URL),
 that a 5xx answer is retried, and that a second call (a retry of the finished job) commits
-nothing. Whether the real Hub accepts the same requests is not tested, nor the Xet storage that
-huggingface_hub uses instead of LFS when hf_xet is installed.
+nothing. hf_xet is installed here as in the trainer image, and the push turns Xet off itself, so
+the LFS path tested is the one a real push takes. Whether the real Hub accepts the same requests
+is not tested.
 """
 
 from __future__ import annotations
@@ -102,10 +103,16 @@ def test_a_file_above_the_lfs_threshold_goes_through_the_lfs_upload_url(
 ) -> None:
     """model.safetensors (1 KiB) is at the stand-in's lowered LFS threshold: huggingface_hub asks the
     LFS batch API for an upload URL, PUTs the bytes there, verifies them, and the commit names the
-    object by its sha256 instead of carrying it. Xet is off: the stand-in speaks LFS only."""
-    from huggingface_hub import constants
+    object by its sha256 instead of carrying it. hf_xet is importable and Xet is on in this process,
+    as in the trainer image: the push itself takes the LFS path, and leaves Xet on afterwards."""
+    import importlib.util
 
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    from huggingface_hub import constants
+    from huggingface_hub.utils._runtime import is_xet_available
+
+    assert importlib.util.find_spec("hf_xet") is not None, "hf_xet is a dependency of the trainer"
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", False)
+    assert is_xet_available()
     hub.lfs_threshold = len(EXPORT["model.safetensors"])
     config = _exported(tmp_path)
 
@@ -129,6 +136,7 @@ def test_a_file_above_the_lfs_threshold_goes_through_the_lfs_upload_url(
         "value": {"path": "model.safetensors", "algo": "sha256", "oid": oid, "size": 1024},
     }
     assert entries["config.json"]["key"] == "file"  # below the threshold: inline
+    assert is_xet_available()  # the rest of the process is left as it was
 
 
 def test_a_branch_is_created_and_committed_to_and_a_new_target_pushes_again(
