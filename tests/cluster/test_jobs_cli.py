@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -330,3 +331,75 @@ def test_logs_picks_the_submitter_the_head_or_worker_n(
     beyond = llmtrain(cluster, "logs", "logged", "-n", namespace, "--worker", "2")
     assert beyond.returncode == 1
     assert "no worker 2: it has 2 worker pod(s), 0 to 1" in beyond.stderr, beyond.stderr
+
+
+def _readme_block_after(marker: str) -> list[str]:
+    """The lines of the README's first ```bash block after `marker`: the commands a user copies."""
+    text = (REPO_ROOT / "README.md").read_text()
+    after = text[text.index(marker) :]
+    block = after[after.index("```bash\n") + len("```bash\n") :]
+    return block[: block.index("```")].splitlines()
+
+
+def test_the_readmes_dashboard_and_logs_commands_find_the_head_service_the_token_and_the_pods(
+    cluster: Cluster, operator: OperatorProcess, namespace: str, tmp_path: Path
+) -> None:
+    """README, Day two: the dashboard block's commands, run as written by bash and the real kubectl
+    (its namespace from the kubeconfig's context, as a user's would be), find the Ray cluster, its
+    head Service with the dashboard port, and the token KubeRay's own dashboard calls carried; the
+    logs table's label selectors pick the head and the workers. kwok runs no container, so the
+    block's port-forward and curl are not run (the token they would send is the one checked)."""
+    apply_doc(cluster, tiny_job("dash", namespace))
+    status = wait_phase(cluster, namespace, "dash", "Running")
+
+    lines = _readme_block_after("**The Ray dashboard.**")
+    skipped = [line for line in lines if line.startswith(("kubectl port-forward", "curl "))]
+    assert len(skipped) == 2, lines  # the rest of the block is what this test runs
+    script = "\n".join(line for line in lines if line not in skipped).replace("NAME", "dash")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(cluster.kubeconfig.read_text())
+    cluster.kubectl("config", "set-context", "--current", f"--namespace={namespace}", kubeconfig=kubeconfig)
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "PATH": f"{Path(cluster.bins['kubectl']).parent}{os.pathsep}{os.environ['PATH']}",
+    }
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script + '\nprintf "%s\\n" "$RC" "$SVC" "$TOKEN"'],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    rc, svc, token = done.stdout.splitlines()
+
+    assert rc == status["rayClusterName"] and get(cluster, "raycluster", rc, namespace), rc
+    assert svc == f"{rc}-head-svc", svc  # what the README's comment says it is
+    service = get(cluster, "service", svc, namespace)
+    assert service is not None and 8265 in [p["port"] for p in service["spec"]["ports"]], service
+    assert len(token) >= 32
+    wait_for(
+        lambda: _dashboard_tokens(cluster).get(f"{namespace}/{rc}") == token,
+        what="KubeRay's dashboard calls carry the token the README's commands read",
+    )
+
+    table = (REPO_ROOT / "README.md").read_text()
+    for role, count in (("head", 1), ("worker", 2)):
+        (selector,) = {
+            s for s in re.findall(r"kubectl logs -l ([^\s`]+)", table) if f"ray.io/node-type={role}" in s
+        }
+        listed = items(cluster, "pods", namespace, selector.replace("$RC", rc))
+        live = [p for p in listed if not p["metadata"].get("deletionTimestamp")]
+        assert len(live) == count, (selector, [p["metadata"]["name"] for p in listed])
+        assert {p["metadata"]["labels"][ROLE_LABEL] for p in live} == {role}
+
+
+def _dashboard_tokens(cluster: Cluster) -> dict[str, str]:
+    """The Ray auth token each Ray cluster's dashboard requests carried (`<namespace>/<cluster>`),
+    as the stand-in dashboard recorded them."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{cluster.dashboard}/control", timeout=10) as response:
+        tokens: dict[str, str] = json.load(response)["tokens"]
+    return tokens
