@@ -258,6 +258,19 @@ def test_shared_memory_storage_and_config_mounted_on_every_pod() -> None:
         assert mounts["/etc/llmtrain"] == "trainer-config"
 
 
+def test_the_hub_cache_is_on_the_shared_storage_of_every_ray_pod() -> None:
+    """HF_HOME (Hub downloads: model, tokenizer) is under the claim's mount on the head and the
+    workers, wherever storage.mountPath puts it: every rank and every retry of the job finds the
+    first download there instead of fetching the model again."""
+    doc = with_path(_gpu_job(), "spec.storage.mountPath", "/data/shared")
+    for pod in pods(rayjob(doc)):
+        container = pod["containers"][0]
+        home = env_of(pod)["HF_HOME"]["value"]
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert mounts["shared-storage"] == "/data/shared"
+        assert home.startswith("/data/shared/"), home
+
+
 def test_restricted_security_context_on_every_pod_and_container() -> None:
     rj = rayjob(_gpu_job(network={"ncclProfile": "nvlink"}))
     all_pods = [*pods(rj), rj["spec"]["submitterPodTemplate"]["spec"]]
