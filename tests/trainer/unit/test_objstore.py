@@ -137,3 +137,40 @@ def test_a_validation_file_uri_is_staged_like_the_training_data(s3: S3Server, tm
     assert Path(staged.dataset.validation_path).read_bytes() == b"the end\n" * 20
     assert Path(staged.dataset.validation_path).is_relative_to(cache_root(config))
     assert Path(staged.dataset.path).read_bytes() == b"once upon a time\n" * 50
+
+
+def test_model_tokenizer_and_resume_checkpoint_uris_are_staged_and_a_retry_skips_resume_from(
+    s3: S3Server, tmp_path: Path
+) -> None:
+    """model.name, model.tokenizer and resumeFrom.checkpoint on the object store: each folder is
+    copied into the driver's cache and the config names the copy. A retry (a checkpoint of its own
+    exists) resumes from that, so resumeFrom is left as it is and not copied."""
+    s3.client().create_dir("weights")
+    s3.client().create_dir("ckpts")
+    put(s3, "weights/tiny/config.json", b'{"model_type": "llama"}')
+    put(s3, "weights/tiny/model.safetensors", b"\x00" * 64)
+    put(s3, "weights/tok/tokenizer.json", b'{"version": "1.0"}')
+    put(s3, "ckpts/run/checkpoint-step-00000010/state.pt", b"\x01" * 32)
+    source = "s3://ckpts/run/checkpoint-step-00000010"
+    config = tiny_config(
+        tmp_path / "runs" / "job",
+        "weights",
+        model={"name": "s3://weights/tiny", "config": None, "tokenizer": "s3://weights/tok"},
+        resumeFrom={"checkpoint": source, "runsRoot": str(tmp_path / "runs")},
+    )
+
+    staged = stage_inputs(config)
+    assert staged.model.name is not None and staged.model.tokenizer is not None
+    assert staged.resume_from is not None and staged.resume_from.checkpoint is not None
+    model, tokenizer = Path(staged.model.name), Path(staged.model.tokenizer)
+    checkpoint = Path(staged.resume_from.checkpoint)
+    for local in (model, tokenizer, checkpoint):
+        assert local.is_relative_to(cache_root(config)), local
+    assert sorted(p.name for p in model.iterdir()) == ["config.json", "model.safetensors"]
+    assert (model / "model.safetensors").read_bytes() == b"\x00" * 64
+    assert (tokenizer / "tokenizer.json").read_bytes() == b'{"version": "1.0"}'
+    assert (checkpoint / "state.pt").read_bytes() == b"\x01" * 32
+
+    retry = stage_inputs(config, resuming=True)
+    assert retry.resume_from is not None and retry.resume_from.checkpoint == source
+    assert retry.model.name == staged.model.name
