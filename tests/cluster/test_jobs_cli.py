@@ -19,7 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from llmtrain.api.validation import parse_job
 from llmtrain.constants import ALLOWED_SECRETS_ANNOTATION, JOB_LABEL, ROLE_LABEL, VERSION
+from llmtrain.render.storage import claim_name
+from llmtrain.render.trainer_config import cluster_trainer_config
 
 from tests.support.cluster.cluster import Cluster
 from tests.support.cluster.steps import (
@@ -341,6 +344,24 @@ def _readme_block_after(marker: str) -> list[str]:
     return block[: block.index("```")].splitlines()
 
 
+def _as_a_user(cluster: Cluster, namespace: str, tmp_path: Path, script: str) -> list[str]:
+    """`script` run by bash with the real kubectl on PATH and a kubeconfig whose context's namespace
+    is `namespace`, as a user's would be; its output lines."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(cluster.kubeconfig.read_text())
+    cluster.kubectl("config", "set-context", "--current", f"--namespace={namespace}", kubeconfig=kubeconfig)
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "PATH": f"{Path(cluster.bins['kubectl']).parent}{os.pathsep}{os.environ['PATH']}",
+    }
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    return done.stdout.splitlines()
+
+
 def test_the_readmes_dashboard_and_logs_commands_find_the_head_service_the_token_and_the_pods(
     cluster: Cluster, operator: OperatorProcess, namespace: str, tmp_path: Path
 ) -> None:
@@ -356,23 +377,9 @@ def test_the_readmes_dashboard_and_logs_commands_find_the_head_service_the_token
     skipped = [line for line in lines if line.startswith(("kubectl port-forward", "curl "))]
     assert len(skipped) == 2, lines  # the rest of the block is what this test runs
     script = "\n".join(line for line in lines if line not in skipped).replace("NAME", "dash")
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(cluster.kubeconfig.read_text())
-    cluster.kubectl("config", "set-context", "--current", f"--namespace={namespace}", kubeconfig=kubeconfig)
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(kubeconfig),
-        "PATH": f"{Path(cluster.bins['kubectl']).parent}{os.pathsep}{os.environ['PATH']}",
-    }
-    done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", script + '\nprintf "%s\\n" "$RC" "$SVC" "$TOKEN"'],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
+    rc, svc, token = _as_a_user(
+        cluster, namespace, tmp_path, script + '\nprintf "%s\\n" "$RC" "$SVC" "$TOKEN"'
     )
-    assert done.returncode == 0, done.stderr
-    rc, svc, token = done.stdout.splitlines()
 
     assert rc == status["rayClusterName"] and get(cluster, "raycluster", rc, namespace), rc
     assert svc == f"{rc}-head-svc", svc  # what the README's comment says it is
@@ -393,6 +400,42 @@ def test_the_readmes_dashboard_and_logs_commands_find_the_head_service_the_token
         live = [p for p in listed if not p["metadata"].get("deletionTimestamp")]
         assert len(live) == count, (selector, [p["metadata"]["name"] for p in listed])
         assert {p["metadata"]["labels"][ROLE_LABEL] for p in live} == {role}
+
+
+def test_the_readmes_model_copy_pod_is_admitted_and_mounts_the_claim_where_the_export_is(
+    cluster: Cluster, operator: OperatorProcess, namespace: str, tmp_path: Path
+) -> None:
+    """README, Day two, The model: the block's commands, run as written, create the copy pod in a
+    namespace that enforces restricted Pod Security, mounting the job's claim read-only; the path
+    its `kubectl cp` copies from is the export folder the trainer is configured to write (the
+    renderer's run directory, relative to the claim). kwok runs no container, so the `kubectl cp`
+    itself is not run: its source argument is printed instead."""
+    apply_doc(cluster, tiny_job("copied", namespace))
+    wait_phase(cluster, namespace, "copied", "Running")
+    live = get(cluster, "llmtj", "copied", namespace)
+    assert live is not None
+
+    lines = _readme_block_after("**The model.**")
+    copies = [line for line in lines if line.startswith("kubectl cp ")]
+    assert len(copies) == 1, lines
+    kept = [line for line in lines if not line.startswith("kubectl delete pod")]
+    script = "\n".join(kept).replace("kubectl cp ", "echo ").replace("NAME", "copied")
+    *_, copied = _as_a_user(cluster, namespace, tmp_path, script)
+    source, destination = copied.split()
+
+    pod = get(cluster, "pod", "llmtrain-copy", namespace)
+    assert pod is not None
+    job = parse_job(live)
+    claim = claim_name(job)  # the renderer's: the README's CLAIM=NAME-storage must agree
+    ((volume,),) = [[v for v in pod["spec"]["volumes"] if "persistentVolumeClaim" in v]]
+    assert volume["persistentVolumeClaim"]["claimName"] == claim
+    (container,) = pod["spec"]["containers"]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount["readOnly"] is True
+    export = cluster_trainer_config(job).export_dir.relative_to(job.spec.storage.mount_path)
+    assert source == f"{namespace}/llmtrain-copy:{mount['mountPath']}/{export}", source
+    assert destination == "./model"
+    cluster.kubectl("delete", "pod", "llmtrain-copy", "-n", namespace, "--wait=false")
 
 
 def _dashboard_tokens(cluster: Cluster) -> dict[str, str]:
