@@ -12,8 +12,6 @@ from pathlib import Path
 
 import helm_python
 import pytest
-import yaml
-from llmtrain.api.validation import parse_job
 from llmtrain.generate import rules_yaml
 from llmtrain.operator.permissions import ELECTION_PERMISSIONS, OPERATOR_PERMISSIONS
 from llmtrain.render.rbac import reporter_rules
