@@ -643,7 +643,7 @@ def main() -> None:
     parser.add_argument(
         "--no-ceiling",
         action="store_true",
-        help="skip the plain client's runs (the ceiling, with and without per-job RBAC) after the operator's",
+        help="skip the plain client's run (the ceiling) after the operator's",
     )
     parser.add_argument(
         "--log-level", default="info", help="the operator's, as deployed by the chart (JSON logs to a file)"
