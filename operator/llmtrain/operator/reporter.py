@@ -30,6 +30,9 @@ class ReporterRbac:
     def __init__(self, verify_seconds: float = VERIFY_SECONDS) -> None:
         self._verify = verify_seconds
         self._checked: dict[str, float] = {}
+        # One ensure per namespace at a time: a burst's first jobs wait for the first one's reads
+        # and creates instead of each racing it to a 409.
+        self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
     def forget(self) -> None:
@@ -40,13 +43,16 @@ class ReporterRbac:
         """Read both, create or put back what is missing or changed; the Kind/name of each write.
         Raises OwnershipConflict when the name is taken by an object llmtrain did not make."""
         with self._guard:
-            checked = self._checked.get(namespace)
-        if checked is not None and time.monotonic() - checked < self._verify:
-            return []
-        written = [w for desired in render_reporter_rbac(namespace) if (w := _ensure_one(kube, desired))]
-        with self._guard:
-            self._checked[namespace] = time.monotonic()
-        return written
+            lock = self._locks.setdefault(namespace, threading.Lock())
+        with lock:
+            with self._guard:
+                checked = self._checked.get(namespace)
+            if checked is not None and time.monotonic() - checked < self._verify:
+                return []
+            written = [w for desired in render_reporter_rbac(namespace) if (w := _ensure_one(kube, desired))]
+            with self._guard:
+                self._checked[namespace] = time.monotonic()
+            return written
 
 
 def _read(kube: Kube, desired: dict[str, Any]) -> dict[str, Any] | None:
