@@ -230,21 +230,21 @@ async def ceiling(
     namespace: str,
     args: argparse.Namespace,
     suspended: bool,
-    rbac: bool,
 ) -> tuple[float, float, float]:
     """The ceiling the operator is measured against: the same jobs created the same way (this
     client, admin, at `--concurrency` or `--rate`), and for each, once it is stored, the objects the
     operator creates for it (`render`'s output, owned by the job) created in order by a plain
     client: the operator's own API layer (`Kube`, the kubernetes client) with the operator's
     ServiceAccount token, `--workers` jobs at a time, as many as the operator's handler threads.
-    It does no reading, no status and no watching. `rbac=False` leaves out the per-job Role and
-    RoleBinding (the alternative of one reporter Role bound per namespace). Returns jobs/s to the
+    It does no reading, no status and no watching. The namespace's reporter Role and RoleBinding
+    are created once, first, as the operator does on a namespace's first job. Returns jobs/s to the
     last RayJob, and p50 and p99 of create→RayJob in ms. Run with the operator stopped."""
     from kubernetes import client as k8s_client
     from kubernetes import config as k8s_config
     from llmtrain.api.validation import parse_job
     from llmtrain.operator.kube import Kube
     from llmtrain.render import render
+    from llmtrain.render.rbac import render_reporter_rbac
 
     configuration = k8s_client.Configuration()
     k8s_config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
@@ -259,11 +259,11 @@ async def ceiling(
 
     def children(doc: dict[str, Any]) -> None:
         for obj in render(parse_job(doc)):
-            if not rbac and obj["kind"] in ("Role", "RoleBinding"):
-                continue
             kube.create(obj)
         rayjob_at[doc["metadata"]["name"]] = time.monotonic()
 
+    for obj in render_reporter_rbac(namespace):
+        kube.create(obj)
     start = time.monotonic()
 
     async def one(i: int) -> None:
@@ -414,25 +414,22 @@ async def run(args: argparse.Namespace) -> str:
                 f"operator: {op_rate:.1f} jobs/s to the last RayJob, "
                 f"create→RayJob p50/p99 {p50:.0f}/{p99:.0f} ms"
             )
-            for rbac, suffix in ((True, "ceiling"), (False, "ceiling-norbac")):
-                ns = f"{namespace}-{suffix}"
-                cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}])
-                rate, c50, c99 = await ceiling(api, operator.kubeconfig, ns, args, suspended, rbac)
-                what = "every object render yields" if rbac else "without the per-job Role and RoleBinding"
-                print(
-                    f"plain client, {what}: {rate:.1f} jobs/s, create→RayJob p50/p99 {c50:.0f}/{c99:.0f} ms; "
-                    f"operator/this = {op_rate / rate:.2f}",
-                    flush=True,
-                )
-                if rbac:
-                    result += f" ceiling_ratio={op_rate / rate:.2f} ceiling_p99_ms={c99:.0f}"
+            ns = f"{namespace}-ceiling"
+            cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}])
+            rate, c50, c99 = await ceiling(api, operator.kubeconfig, ns, args, suspended)
+            print(
+                f"plain client, every object render yields: {rate:.1f} jobs/s, create→RayJob p50/p99 "
+                f"{c50:.0f}/{c99:.0f} ms; operator/this = {op_rate / rate:.2f}",
+                flush=True,
+            )
+            result += f" ceiling_ratio={op_rate / rate:.2f} ceiling_p99_ms={c99:.0f}"
     finally:
         if proc is not None and proc.poll() is None:
             proc.terminate()
             proc.wait(timeout=30)
         await api.aclose()
         if args.cluster_dir is not None:
-            spaces = [namespace, f"{namespace}-warmup", f"{namespace}-ceiling", f"{namespace}-ceiling-norbac"]
+            spaces = [namespace, f"{namespace}-warmup", f"{namespace}-ceiling"]
             cluster.kubectl("delete", "namespace", *spaces, "--wait=false", "--ignore-not-found", check=False)
             # Gone before the next run's operator starts: it would reconcile the ceiling's jobs
             # (no status) in namespaces being terminated, and its figures would count that work.
@@ -646,7 +643,7 @@ def main() -> None:
     parser.add_argument(
         "--no-ceiling",
         action="store_true",
-        help="skip the plain client's runs (the ceiling, with and without per-job RBAC) after the operator's",
+        help="skip the plain client's run (the ceiling) after the operator's",
     )
     parser.add_argument(
         "--log-level", default="info", help="the operator's, as deployed by the chart (JSON logs to a file)"

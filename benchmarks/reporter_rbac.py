@@ -1,10 +1,11 @@
 """The trainer's status-reporting identity, two designs measured on a real control plane (issue #22):
 
-- per job (today): a ServiceAccount, a Role allowing `patch` on its own job's status
+- per job (earlier operators): a ServiceAccount, a Role allowing `patch` on its own job's status
   (`resourceNames`) and a RoleBinding, all created by the operator for every job;
-- per namespace: one reporter Role and RoleBinding (the namespace's ServiceAccounts, as a group)
-  created once, and a ValidatingAdmissionPolicy that refuses a ServiceAccount's status patch of
-  any job but the one named after it (`<job>-trainer`).
+- per namespace (the operator now): one reporter Role and RoleBinding (the namespace's
+  ServiceAccounts, as a group, `render_reporter_rbac`) created once, and the chart's reporter
+  ValidatingAdmissionPolicy that refuses a ServiceAccount's status patch of any job but the one
+  named after it (`<job>-trainer`).
 
 Printed, in the same run and interleaved, so the machine's load is the same for both: the
 operator's per-job creates (as the chart's ServiceAccount, whose Role/RoleBinding creates pass
@@ -26,16 +27,14 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "operator"), str(REPO)]
 
-from llmtrain.api.job import LLMTrainingJob  # noqa: E402
-from llmtrain.constants import API_GROUP, GROUP_VERSION, JOB_LABEL, MANAGED_BY_LABEL, OPERATOR_NAME, PLURAL  # noqa: E402
-from llmtrain.render.rbac import trainer_rules  # noqa: E402
+from llmtrain.constants import GROUP_VERSION, JOB_LABEL, MANAGED_BY_LABEL, OPERATOR_NAME  # noqa: E402
+from llmtrain.render.rbac import render_reporter_rbac, reporter_rules  # noqa: E402
 
 from tests.support.cluster.cluster import Cluster  # noqa: E402
 from tests.support.cluster.steps import OPERATOR_SA, PLATFORM_NAMESPACE  # noqa: E402
 from tests.support.jobs import minimal_job  # noqa: E402
 
 RBAC = "rbac.authorization.k8s.io/v1"
-POLICY = "llmtrain-bench-reporter"
 
 
 def kube_for(cluster: Cluster, token: str, path: Path) -> Any:
@@ -60,18 +59,10 @@ def timed(fn: Any, *args: Any) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-def role(name: str, namespace: str, job: str, own_job_only: bool) -> dict[str, Any]:
-    """The trainer's Role as the operator renders it (`trainer_rules`), or, for the per-namespace
-    design, the same rule for every job of the namespace (no resourceNames)."""
-    rules = trainer_rules(LLMTrainingJob.model_validate(minimal_job(job, namespace)))
-    if not own_job_only:
-        rules = [{key: value for key, value in rule.items() if key != "resourceNames"} for rule in rules]
-    return {
-        "apiVersion": RBAC,
-        "kind": "Role",
-        "metadata": meta(name, namespace, job),
-        "rules": rules,
-    }
+def role(name: str, namespace: str, job: str) -> dict[str, Any]:
+    """The per-job design's trainer Role: the reporter rule confined to its own job."""
+    rules = [{**rule, "resourceNames": [job]} for rule in reporter_rules()]
+    return {"apiVersion": RBAC, "kind": "Role", "metadata": meta(name, namespace, job), "rules": rules}
 
 
 def binding(name: str, namespace: str, job: str, subject: dict[str, Any]) -> dict[str, Any]:
@@ -82,49 +73,6 @@ def binding(name: str, namespace: str, job: str, subject: dict[str, Any]) -> dic
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
         "subjects": [subject],
     }
-
-
-def policy() -> list[dict[str, Any]]:
-    """A ServiceAccount of the job's namespace may patch the status of the job named after it only."""
-    prefix = "'system:serviceaccount:' + request.namespace + ':'"
-    return [
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicy",
-            "metadata": {"name": POLICY},
-            "spec": {
-                "failurePolicy": "Fail",
-                "matchConstraints": {
-                    "resourceRules": [
-                        {
-                            "apiGroups": [API_GROUP],
-                            "apiVersions": ["*"],
-                            "operations": ["UPDATE"],
-                            "resources": [f"{PLURAL}/status"],
-                        }
-                    ]
-                },
-                "matchConditions": [
-                    {
-                        "name": "a-namespace-serviceaccount",
-                        "expression": f"request.userInfo.username.startsWith({prefix})",
-                    }
-                ],
-                "validations": [
-                    {
-                        "expression": f"request.userInfo.username == {prefix} + request.name + '-trainer'",
-                        "message": "a job's trainer may report the status of its own job only",
-                    }
-                ],
-            },
-        },
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": {"name": POLICY},
-            "spec": {"policyName": POLICY, "validationActions": ["Deny"]},
-        },
-    ]
 
 
 def main() -> None:
@@ -142,23 +90,12 @@ def main() -> None:
     cluster.apply(
         [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in (per_job, per_ns)]
     )
-    cluster.apply(policy())
     operator = kube_for(cluster, cluster.token(OPERATOR_SA, PLATFORM_NAMESPACE), tmp / "operator")
     times: dict[str, list[float]] = {k: [] for k in ("sa", "role", "binding", "sa-ns", "once-ns")}
-    group = {
-        "kind": "Group",
-        "name": f"system:serviceaccounts:{per_ns}",
-        "apiGroup": "rbac.authorization.k8s.io",
-    }
-    # Once per namespace, by whoever sets the namespace up (the chart's containment policy lets the
-    # operator write only a Role confined to one job's status).
+    # Once per namespace, as the operator makes them (the chart's containment policy admits them).
     started = time.perf_counter()
-    cluster.apply(
-        [
-            role("llmtrain-reporter", per_ns, "reporter", own_job_only=False),
-            binding("llmtrain-reporter", per_ns, "reporter", group),
-        ]
-    )
+    for obj in render_reporter_rbac(per_ns):
+        operator.create(obj)
     times["once-ns"].append((time.perf_counter() - started) * 1000)
     for i in range(args.jobs):  # interleaved: the same load for both designs
         name = f"j{i:03d}"
@@ -174,7 +111,7 @@ def main() -> None:
                 },
             )
         )
-        times["role"].append(timed(operator.create, role(sa, per_job, name, own_job_only=True)))
+        times["role"].append(timed(operator.create, role(sa, per_job, name)))
         times["binding"].append(timed(operator.create, binding(sa, per_job, name, account)))
         times["sa-ns"].append(
             timed(
@@ -203,7 +140,7 @@ def main() -> None:
         f"operator, per job, median ms as its ServiceAccount: ServiceAccount {med['sa']:.0f}, "
         f"Role {med['role']:.0f}, RoleBinding {med['binding']:.0f} (per-job design: "
         f"{med['sa'] + med['role'] + med['binding']:.0f}); per-namespace design: ServiceAccount "
-        f"{med['sa-ns']:.0f} per job, Role+RoleBinding once (kubectl apply as admin) {med['once-ns']:.0f}"
+        f"{med['sa-ns']:.0f} per job, Role+RoleBinding once (as the operator) {med['once-ns']:.0f}"
     )
     print(
         "trainer status patch, median ms: per-job RBAC "
@@ -212,9 +149,6 @@ def main() -> None:
         f"per-job {refused.get(per_job)}, per-namespace {refused.get(per_ns)}"
     )
     cluster.kubectl("delete", "namespace", per_job, per_ns, "--wait=false", check=False)
-    cluster.kubectl(
-        "delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", POLICY, check=False
-    )
 
 
 if __name__ == "__main__":

@@ -62,6 +62,11 @@ KUEUE_PRIORITY_CLASS_LABEL = f"{KUEUE_GROUP}/priority-class"
 KUEUE_REQUIRED_TOPOLOGY_ANNOTATION = f"{KUEUE_GROUP}/podset-required-topology"
 KUEUE_PREFERRED_TOPOLOGY_ANNOTATION = f"{KUEUE_GROUP}/podset-preferred-topology"
 
+# The one Role and RoleBinding per namespace (no job label, no owner) that let the namespace's
+# ServiceAccounts patch llmtrainingjobs/status; the chart's reporter admission policy confines each
+# trainer account to its own job's status (charts/llmtrain/templates/reporter-policy.yaml).
+REPORTER_NAME = "llmtrain-reporter"
+
 # KubeRay's RayJob: what the operator renders, creates, watches and mirrors.
 RAY_API_GROUP = "ray.io"
 RAY_API_VERSION = "v1"

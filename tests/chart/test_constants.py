@@ -34,6 +34,7 @@ from llmtrain.constants import (
     OPERATOR_NAME,
     PLURAL,
     RAY_VERSION,
+    REPORTER_NAME,
     SUSPENDED_BY_USER_ANNOTATION,
     TRAINER_IMAGE_REPOSITORY,
     VERSION,
@@ -47,7 +48,7 @@ from llmtrain.render.names import (
     trainer_account_name,
 )
 from llmtrain.render.rayjob import ENTRYPOINT
-from llmtrain.render.rbac import trainer_rules
+from llmtrain.render.rbac import reporter_rules
 from llmtrain_trainer.rundir import CHECKPOINT_PREFIX
 from packaging.requirements import Requirement
 
@@ -275,9 +276,10 @@ def test_the_containment_policy_names_the_constant_marks_and_names() -> None:
     """templates/admission-policy.yaml spells the operator's labels, its API and the renderer's child
     names as CEL literals (its `variables`); they are these. tests/chart/test_containment.py runs the
     policy on rendered children."""
-    policy = one(render_set("default"), "ValidatingAdmissionPolicy")
+    policy = one(render_set("default"), "ValidatingAdmissionPolicy", "llmtrain-operator")
     variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
     literals = {
+        "reporterName": REPORTER_NAME,
         "managedByKey": MANAGED_BY_LABEL,
         "operatorName": OPERATOR_NAME,
         "jobKey": JOB_LABEL,
@@ -312,11 +314,6 @@ def test_the_containment_policy_names_the_constant_marks_and_names() -> None:
     said = re.search(r"Security profile admits \(([^;]*);", " ".join(model.split()))
     assert said is not None, "the Security model no longer lists the volume kinds pods may mount"
     assert said.group(1).replace("`", "").split(", ") == list(VOLUME_SOURCES)
-    # The trainer's Role holds one rule, the one the policy allows.
-    (rule,) = trainer_rules(parse_job(minimal_job("j")))
-    assert rule == {
-        "apiGroups": [API_GROUP],
-        "resources": [f"{PLURAL}/status"],
-        "resourceNames": ["j"],
-        "verbs": ["patch"],
-    }
+    # The reporter Role holds one rule, the one the policy allows.
+    (rule,) = reporter_rules()
+    assert rule == {"apiGroups": [API_GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["patch"]}

@@ -17,6 +17,7 @@ import pytest
 from llmtrain.api.validation import parse_job
 from llmtrain.constants import ALLOWED_SECRETS_ANNOTATION, SUSPENDED_BY_USER_ANNOTATION
 from llmtrain.render import render
+from llmtrain.render.rbac import render_reporter_rbac
 
 from tests.chart.helm import NAMESPACE, find, one, render_set
 from tests.chart.helm import render as render_chart
@@ -37,7 +38,8 @@ ALLOWED = "hf, s, wandb"
 
 
 def policy(value_set: str = "default") -> Obj:
-    return one(render_set(value_set), "ValidatingAdmissionPolicy")
+    """The containment policy, named after the operator (the chart's other one is the reporter's)."""
+    return one(render_set(value_set), "ValidatingAdmissionPolicy", "llmtrain-operator")
 
 
 def _context(bindings: dict[str, Any]) -> cel.Context:
@@ -212,7 +214,7 @@ def test_the_operator_is_refused_what_it_never_renders() -> None:
         }
     ]
     assert judge(spec, "UPDATE", children["ConfigMap"], owned) == []
-    role = copy.deepcopy(children["Role"])
+    role = copy.deepcopy(_legacy_trainer_role())
     role["rules"][0]["verbs"] = ["patch", "update"]
     assert "the only Role the operator writes" in judge(spec, "CREATE", role)[0]
     rayjob = copy.deepcopy(children["RayJob"])
@@ -226,6 +228,93 @@ def test_the_operator_is_refused_what_it_never_renders() -> None:
     assert "trainer ServiceAccount" in judge(spec, "CREATE", rayjob)[0]
 
 
+def _legacy_trainer_role() -> Obj:
+    """The per-job trainer Role earlier operators made (patch on its own job's status)."""
+    (account,) = [c for c in rendered("train") if c["kind"] == "ServiceAccount"]
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": copy.deepcopy(account["metadata"]),
+        "rules": [
+            {
+                "apiGroups": ["llmtrain.dev"],
+                "resources": ["llmtrainingjobs/status"],
+                "resourceNames": ["train"],
+                "verbs": ["patch"],
+            }
+        ],
+    }
+
+
+def test_the_namespace_reporter_role_and_binding_are_admitted_created_and_put_back() -> None:
+    spec = policy()["spec"]
+    for obj in render_reporter_rbac("team-a"):
+        assert judge(spec, "CREATE", obj) == [], obj["kind"]
+        assert judge(spec, "UPDATE", obj, copy.deepcopy(obj)) == [], obj["kind"]
+        edited = copy.deepcopy(obj)  # edited by hand: the operator puts it back
+        edited.pop("rules", None)
+        edited["subjects"] = edited.get("subjects", [])[:0]
+        assert judge(spec, "UPDATE", obj, edited) == [], obj["kind"]
+    # An earlier operator's per-job trainer Role is still one it may keep in sync.
+    assert judge(spec, "UPDATE", _legacy_trainer_role(), _legacy_trainer_role()) == []
+
+
+WIDER = {
+    "every job's spec": {"resources": ["llmtrainingjobs"]},
+    "another verb": {"verbs": ["patch", "update"]},
+    "another group": {"apiGroups": ["llmtrain.dev", ""]},
+    "named jobs": {"resourceNames": ["train"]},
+}
+
+
+@pytest.mark.parametrize("change", WIDER, ids=list(WIDER))
+def test_a_reporter_role_granting_anything_else_is_refused(change: str) -> None:
+    role, _ = render_reporter_rbac("team-a")
+    role["rules"][0].update(WIDER[change])
+    assert (
+        "the reporter Role grants patch on llmtrainingjobs/status"
+        in judge(policy()["spec"], "CREATE", role)[0]
+    )
+    extra = render_reporter_rbac("team-a")[0]
+    extra["rules"].append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]})
+    assert judge(policy()["spec"], "CREATE", extra)
+
+
+BINDINGS = {
+    "another namespace's accounts": {"name": "system:serviceaccounts:team-b"},
+    "every account": {"name": "system:serviceaccounts"},
+    "a user": {"kind": "User", "name": "alice"},
+}
+
+
+@pytest.mark.parametrize("change", BINDINGS, ids=list(BINDINGS))
+def test_a_reporter_binding_to_anyone_else_is_refused(change: str) -> None:
+    _, binding = render_reporter_rbac("team-a")
+    binding["subjects"][0].update(BINDINGS[change])
+    assert (
+        "the reporter RoleBinding binds the Role llmtrain-reporter"
+        in judge(policy()["spec"], "CREATE", binding)[0]
+    )
+    cluster_role = render_reporter_rbac("team-a")[1]
+    cluster_role["roleRef"]["kind"] = "ClusterRole"
+    assert judge(policy()["spec"], "CREATE", cluster_role)
+
+
+def test_no_other_role_passes_as_the_reporter() -> None:
+    """Only the one name, labelled as the operator's and with no job label."""
+    spec = policy()["spec"]
+    role, _ = render_reporter_rbac("team-a")
+    renamed = copy.deepcopy(role)
+    renamed["metadata"]["name"] = "llmtrain-reporter-2"
+    assert "the operator writes only objects labelled" in judge(spec, "CREATE", renamed)[0]
+    with_job = copy.deepcopy(role)
+    with_job["metadata"]["labels"]["llmtrain.dev/job"] = "train"
+    assert "a child of job train is named" in judge(spec, "CREATE", with_job)[0]
+    foreign = copy.deepcopy(role)
+    del foreign["metadata"]["labels"]["app.kubernetes.io/managed-by"]
+    assert "it is not the operator's" in judge(spec, "UPDATE", role, foreign)[0]
+
+
 def test_the_policy_matches_the_operators_service_account_only() -> None:
     assert operator_user(policy()["spec"]) == f"system:serviceaccount:{NAMESPACE}:llmtrain-operator"
     assert (
@@ -233,15 +322,20 @@ def test_the_policy_matches_the_operators_service_account_only() -> None:
         == f"system:serviceaccount:{NAMESPACE}:platform-llmtrain-operator"
     )
     objects = render_set("default")
-    binding = one(objects, "ValidatingAdmissionPolicyBinding")
+    binding = one(objects, "ValidatingAdmissionPolicyBinding", "llmtrain-operator")
     assert binding["spec"] == {"policyName": policy()["metadata"]["name"], "validationActions": ["Deny"]}
     assert policy()["spec"]["failurePolicy"] == "Fail"
 
 
 def test_the_policy_can_be_switched_off() -> None:
     objects = render_chart({"containment": {"enabled": False}})
-    assert not find(objects, "ValidatingAdmissionPolicy")
-    assert not find(objects, "ValidatingAdmissionPolicyBinding")
+    # The reporter policy stays: it confines the trainers, not the operator.
+    assert [p["metadata"]["name"] for p in find(objects, "ValidatingAdmissionPolicy")] == [
+        "llmtrain-reporter"
+    ]
+    assert [b["metadata"]["name"] for b in find(objects, "ValidatingAdmissionPolicyBinding")] == [
+        "llmtrain-reporter"
+    ]
 
 
 FABRIC_JOB = JOBS["infiniband-fabric"]

@@ -163,6 +163,8 @@ def test_default_rendering() -> None:
         "Service",
         "ServiceAccount",
         "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
     ]
     deployment = operator_deployment(objects)
@@ -382,6 +384,7 @@ def test_everything_set_names_and_flags() -> None:
         "ml-train-operator-metrics",
         "ml-train-operator-leader-election",
         "ml-train-dashboard",
+        "ml-train-reporter",
     }
     container = operator_container(objects)
     args = container["args"]

@@ -26,10 +26,12 @@ from llmtrain.constants import (
     KUEUE_JOB_UID_LABEL,
     KUEUE_WORKLOAD_PLURAL,
     MANAGED_BY_LABEL,
+    REPORTER_NAME,
     SUSPENDED_BY_USER_ANNOTATION,
 )
 from llmtrain.operator.kube import ApiError, Kube, Resource
 from llmtrain.render import render
+from llmtrain.render.rbac import render_reporter_rbac
 
 from tests.support.cluster.cluster import Cluster
 from tests.support.cluster.steps import (
@@ -72,11 +74,42 @@ def create(
 def children(
     name: str, namespace: str, *, suspend: bool = False, queue: str | None = None
 ) -> dict[str, dict[str, Any]]:
-    """What the operator renders for a job, by kind (no owner reference: there is no job)."""
+    """What the operator renders for a job, by kind (no owner reference: there is no job), and the
+    per-job trainer Role and RoleBinding earlier operators made (still admitted: jobs of those
+    versions keep them until they go)."""
     doc = cpu_job(name, namespace, suspend=suspend)
     if queue:
         doc["spec"]["runPolicy"]["queueName"] = queue
-    return {obj["kind"]: obj for obj in render(parse_job(doc))}
+    rendered = {obj["kind"]: obj for obj in render(parse_job(doc))}
+    return {**rendered, **legacy_trainer_rbac(rendered["ServiceAccount"])}
+
+
+def legacy_trainer_rbac(account: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """An earlier operator's Role (patch on its own job's status) and RoleBinding of a job's account."""
+    meta, job = account["metadata"], account["metadata"]["labels"][JOB_LABEL]
+    rbac = "rbac.authorization.k8s.io"
+    return {
+        "Role": {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "Role",
+            "metadata": copy.deepcopy(meta),
+            "rules": [
+                {
+                    "apiGroups": ["llmtrain.dev"],
+                    "resources": ["llmtrainingjobs/status"],
+                    "resourceNames": [job],
+                    "verbs": ["patch"],
+                }
+            ],
+        },
+        "RoleBinding": {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "RoleBinding",
+            "metadata": copy.deepcopy(meta),
+            "roleRef": {"apiGroup": rbac, "kind": "Role", "name": meta["name"]},
+            "subjects": [{"kind": "ServiceAccount", "name": meta["name"], "namespace": meta["namespace"]}],
+        },
+    }
 
 
 def create_children(
@@ -324,6 +357,41 @@ ATTEMPTS = [
         _patch("role", "mine-trainer", {"rules": OPERATOR_RIGHTS}),
         "refused to write Role {ns}/mine-trainer: the only Role the operator writes grants patch",
     ),
+    # The namespace's reporter Role and RoleBinding: only as rendered.
+    Attempt(
+        "widen-the-reporter-role",
+        _patch("role", REPORTER_NAME, {"rules": OPERATOR_RIGHTS}),
+        f"refused to write Role {{ns}}/{REPORTER_NAME}: the reporter Role grants patch on "
+        "llmtrainingjobs/status (of any job of the namespace), nothing else",
+    ),
+    Attempt(
+        "bind-the-reporter-role-to-every-serviceaccount",
+        _patch(
+            "rolebinding",
+            REPORTER_NAME,
+            {
+                "subjects": [
+                    {
+                        "kind": "Group",
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "name": "system:serviceaccounts",
+                    }
+                ]
+            },
+        ),
+        f"refused to write RoleBinding {{ns}}/{REPORTER_NAME}: the reporter RoleBinding binds the Role "
+        f"{REPORTER_NAME} to the group system:serviceaccounts:{{ns}}, nothing else",
+    ),
+    Attempt(
+        "another-namespace-wide-role",
+        lambda cluster, ns, *extra: create(
+            cluster,
+            ns,
+            _with(render_reporter_rbac(ns)[0], _set("metadata.name", "llmtrain-reporter-2")),
+            *extra,
+        ),
+        f"refused to write Role {{ns}}/llmtrain-reporter-2: the operator writes only objects {LABELS}",
+    ),
     Attempt(
         "rolebinding-to-cluster-admin",
         _create("RoleBinding", _set("roleRef", _cluster_role("cluster-admin"))),
@@ -407,6 +475,9 @@ def prepare(cluster: Cluster, namespace: str) -> None:
     """The operator's children of a (suspended) job `mine`, created as the operator, a claim of its
     that stays unbound (`pending-storage`: no such StorageClass), and a user's ConfigMap `theirs`."""
     create_children(cluster, namespace, "mine", suspend=True)
+    for obj in render_reporter_rbac(namespace):
+        result = create(cluster, namespace, obj)
+        assert result.returncode == 0, f"{obj['kind']}: {result.stderr}"
     pending = children("pending", namespace)["PersistentVolumeClaim"]
     pending["spec"]["storageClassName"] = "never-provisioned"
     assert create(cluster, namespace, pending).returncode == 0
@@ -461,6 +532,8 @@ def test_what_the_operator_renders_is_admitted(cluster: Cluster, contained: str)
     writes = [
         _patch("rayjob", "mine", {"spec": {"ttlSecondsAfterFinished": 60, "activeDeadlineSeconds": 3600}}),
         _patch("role", "mine-trainer", {"rules": role["rules"]}),
+        _patch("role", REPORTER_NAME, {"rules": render_reporter_rbac(contained)[0]["rules"]}),
+        _patch("rolebinding", REPORTER_NAME, {"subjects": render_reporter_rbac(contained)[1]["subjects"]}),
         _patch("configmap", "mine-config", {"metadata": {"labels": {JOB_LABEL: "mine"}}}),
         _patch("serviceaccount", "mine-trainer", {"metadata": {"labels": {JOB_LABEL: "mine"}}}),
     ]

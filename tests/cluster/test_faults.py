@@ -43,7 +43,7 @@ from tests.support.cluster.steps import (
 )
 from tests.support.jobs import minimal_job
 
-CHILDREN = ["serviceaccount", "role", "rolebinding", "persistentvolumeclaim", "configmap", "rayjob"]
+CHILDREN = ["serviceaccount", "persistentvolumeclaim", "configmap", "rayjob"]
 
 
 @pytest.fixture(scope="module")

@@ -583,8 +583,6 @@ def test_deleting_the_job_garbage_collects_every_child(
         ("configmap", f"{TINY}-config"),
         ("pvc", f"{TINY}-storage"),
         ("serviceaccount", trainer),
-        ("role", trainer),
-        ("rolebinding", trainer),
         *(("pod", p["metadata"]["name"]) for p in items(cluster, "pods", ns)),
     ]
     uids = {}
@@ -593,7 +591,7 @@ def test_deleting_the_job_garbage_collects_every_child(
         assert obj is not None, f"{kind}/{name} missing before the delete"
         uids[(kind, name)] = obj["metadata"]["uid"]
     assert len([k for k, _ in children if k == "pod"]) == 4  # head, 2 workers, submitter
-    for kind, name in children[:1] + children[3:8]:  # the operator's own children
+    for kind, name in children[:1] + children[3:6]:  # the operator's own children
         owned = get(cluster, kind, name, ns)
         assert owned is not None and _owner_uids(owned) == [job["metadata"]["uid"]], f"{kind}/{name}"
 

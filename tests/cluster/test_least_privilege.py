@@ -1,6 +1,7 @@
 """Least privilege, judged from the API server's side: in one job's life (create, run, suspend,
 orphaned and applied again: its claim adopted, the rest made anew once the user deleted the earlier
-job's leftovers, managed labels patched back; and one that cannot start) a fresh operator process
+job's leftovers, managed labels patched back, the namespace's reporter rights put back after an
+edit by hand; and one that cannot start) a fresh operator process
 makes only the calls it declares, needs every call it declares, and never uses a right it holds
 only for an admission plugin (`delete`).
 
@@ -10,14 +11,16 @@ stopped meanwhile, so the requests after the mark are this process's alone.
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 
 import pytest
 from llmtrain.api.validation import parse_job
-from llmtrain.constants import JOB_UID_LABEL
+from llmtrain.constants import API_GROUP, JOB_UID_LABEL, REPORTER_NAME
 from llmtrain.operator.permissions import OPERATOR_PERMISSIONS
 from llmtrain.render import render
+from llmtrain.render.rbac import render_reporter_rbac
 
 from tests.support.cluster import audit
 from tests.support.cluster.cluster import Cluster
@@ -107,6 +110,26 @@ def test_one_jobs_life_uses_every_declared_call_and_nothing_else(
                 for kind, name in unlabelled
             ),
             what="the uid label patched back on every child",
+        )
+        # The namespace's reporter Role and RoleBinding, edited by hand: read again at the next
+        # resync pass and put back (a patch of each).
+        rbac = "rbac.authorization.k8s.io"
+        hand = {
+            "role": {"rules": [{"apiGroups": [API_GROUP], "resources": ["*"], "verbs": ["patch"]}]},
+            "rolebinding": {"subjects": [{"kind": "User", "apiGroup": rbac, "name": "someone"}]},
+        }
+        for kind, patch in hand.items():
+            cluster.kubectl(
+                "patch", kind, REPORTER_NAME, "-n", namespace, "--type=merge", "-p", json.dumps(patch)
+            )
+        want_role, want_binding = render_reporter_rbac(namespace)
+        wait_for(
+            lambda: (
+                (get(cluster, "role", REPORTER_NAME, namespace) or {}).get("rules") == want_role["rules"]
+                and (get(cluster, "rolebinding", REPORTER_NAME, namespace) or {}).get("subjects")
+                == want_binding["subjects"]
+            ),
+            what="the reporter Role and RoleBinding put back",
         )
         # A queued job that its user suspends: its Kueue Workload is found and deactivated.
         cluster.apply(queue)

@@ -1,6 +1,7 @@
 """The trainer's progress reporter against the real API server and RBAC authorizer, authenticated as
 it is in a Ray pod: by a token of the job's own ServiceAccount. That identity may patch its own job's
-status and nothing else, so a compromised or confused trainer cannot touch other jobs or its spec.
+status and nothing else (the namespace's reporter Role, narrowed to its own job by the chart's
+reporter policy), so a compromised or confused trainer cannot touch other jobs or its spec.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def trainer_token(cluster: Cluster, namespace: str, job: str) -> str:
     """A TokenRequest token of the job's ServiceAccount once the operator has created it."""
     account = trainer_account_name(job)
     wait_for(lambda: get(cluster, "serviceaccount", account, namespace), what=f"ServiceAccount {account}")
-    # The Role and RoleBinding come after the account; wait until the authorizer sees them too.
+    # The namespace's reporter Role and RoleBinding may come after the account; wait until the
+    # authorizer sees them too.
     user = f"system:serviceaccount:{namespace}:{account}"
     wait_for(
         lambda: (
@@ -184,7 +186,7 @@ def test_token_of_a_deleted_job_does_not_work_for_a_new_job_of_the_same_name(
     apply_doc(cluster, cpu_job("rerun", namespace, suspend=True))
     old_token = trainer_token(cluster, namespace, "rerun")
     status = JOBS.format(namespace=namespace, name="rerun") + "/status"
-    # The operator creates the Role and RoleBinding after the ServiceAccount; RBAC sees them shortly.
+    # RBAC sees the namespace's reporter Role and RoleBinding shortly after the operator made them.
     wait_for(
         lambda: send(cluster, old_token, "PATCH", status, progress_patch("5/10")) == 200,
         what="the job's own token allowed",

@@ -41,10 +41,9 @@ from tests.unit.test_bad_specs import BAD
 
 pytestmark = pytest.mark.usefixtures("jobs_deleted_first")
 
+# What the operator makes for a job (the namespace's reporter Role and RoleBinding are no job's).
 CHILD_KINDS = {
     "ServiceAccount": "serviceaccount",
-    "Role": "role.rbac.authorization.k8s.io",
-    "RoleBinding": "rolebinding.rbac.authorization.k8s.io",
     "PersistentVolumeClaim": "persistentvolumeclaim",
     "ConfigMap": "configmap",
     "RayJob": "rayjob.ray.io",
@@ -244,7 +243,7 @@ def test_a_job_applied_again_after_an_orphaning_delete_trains_its_new_spec_never
         what="the job naming what the earlier job left",
     )
     assert waiting["phase"] == "Pending", waiting
-    for kind in ("ServiceAccount", "Role", "RoleBinding", "ConfigMap", "RayJob"):
+    for kind in ("ServiceAccount", "ConfigMap", "RayJob"):
         assert f"{kind}/again" in waiting["message"], (kind, waiting["message"])
     assert "PersistentVolumeClaim" not in waiting["message"]
     time.sleep(3)  # nothing of the earlier job's is taken over meanwhile

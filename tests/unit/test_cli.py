@@ -30,7 +30,7 @@ def test_render_example_as_yaml_through_the_console_script() -> None:
         check=True,
     ).stdout
     kinds = [d["kind"] for d in yaml.safe_load_all(out) if d]
-    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "PersistentVolumeClaim", "ConfigMap", "RayJob"]
+    assert kinds == ["ServiceAccount", "PersistentVolumeClaim", "ConfigMap", "RayJob"]
     # Plain YAML a reviewer can read: the labels and tolerations the pod templates share are written
     # out in full, not as anchors and aliases.
     assert "&id" not in out and "*id" not in out

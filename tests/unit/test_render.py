@@ -12,11 +12,21 @@ import pytest
 from llmtrain.api.job import LLMTrainingJob
 from llmtrain.api.trainer_config import TrainerConfig
 from llmtrain.api.validation import parse_job
-from llmtrain.constants import CONFIG_FILENAME, MAX_NAME_LENGTH, RAY_VERSION, RAY_VERSION_ENV
+from llmtrain.constants import (
+    CONFIG_FILENAME,
+    JOB_LABEL,
+    MANAGED_BY_LABEL,
+    MAX_NAME_LENGTH,
+    OPERATOR_NAME,
+    RAY_VERSION,
+    RAY_VERSION_ENV,
+    REPORTER_NAME,
+)
 from llmtrain.render import ImageSettings, render
 from llmtrain.render.names import child_name
 from llmtrain.render.network import PROFILES
 from llmtrain.render.rayjob import CONTAINER_SECURITY_CONTEXT, TERMINATION_GRACE_SECONDS
+from llmtrain.render.rbac import render_reporter_rbac
 from llmtrain.render.trainer_config import cluster_trainer_config
 
 from tests.support.jobs import load_example, minimal_job, with_path
@@ -76,7 +86,7 @@ def env_of(pod: dict[str, Any]) -> dict[str, Any]:
 
 def test_children_with_claim_and_with_created_pvc() -> None:
     kinds = [o["kind"] for o in render(_job(minimal_job()))]
-    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "RayJob"]
+    assert kinds == ["ServiceAccount", "ConfigMap", "RayJob"]
     created = with_path(
         minimal_job(), "spec.storage", {"create": {"size": "100Gi", "storageClassName": "rwx"}}
     )
@@ -155,28 +165,36 @@ def test_resume_from_resolves_against_the_shared_storage() -> None:
     assert seed is not None and seed.checkpoint == "/mnt/llmtrain/seeds/step-9"
 
 
-def test_trainer_identity_may_only_patch_its_own_status() -> None:
+def test_trainer_identity_is_the_jobs_own_service_account() -> None:
+    """No Role per job: the namespace's reporter Role grants the status patch, and the chart's
+    reporter policy confines each account to the job it is named after."""
     objs = _by_kind(render(_job(_gpu_job())))
-    role = objs["Role"]
-    assert role["rules"] == [
-        {
-            "apiGroups": ["llmtrain.dev"],
-            "resources": ["llmtrainingjobs/status"],
-            "resourceNames": ["llama"],
-            "verbs": ["patch"],
-        }
-    ]
-    binding = objs["RoleBinding"]
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": objs["ServiceAccount"]["metadata"]["name"], "namespace": "team-a"}
-    ]
+    assert "Role" not in objs and "RoleBinding" not in objs
+    account = objs["ServiceAccount"]["metadata"]
+    assert account["name"] == "llama-trainer"
     head, worker = pods(objs["RayJob"])
-    assert (
-        head["serviceAccountName"]
-        == worker["serviceAccountName"]
-        == objs["ServiceAccount"]["metadata"]["name"]
-    )
+    assert head["serviceAccountName"] == worker["serviceAccountName"] == account["name"]
+
+
+def test_the_namespace_reporter_role_grants_status_patch_to_its_service_accounts() -> None:
+    role, binding = render_reporter_rbac("team-a")
+    assert role["metadata"]["name"] == binding["metadata"]["name"] == REPORTER_NAME
+    assert role["rules"] == [
+        {"apiGroups": ["llmtrain.dev"], "resources": ["llmtrainingjobs/status"], "verbs": ["patch"]}
+    ]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": REPORTER_NAME,
+    }
+    assert binding["subjects"] == [
+        {"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": "system:serviceaccounts:team-a"}
+    ]
+    for obj in (role, binding):
+        meta = obj["metadata"]
+        # Every job's, no job's: no job label (the containment policy tells it apart so), no owner.
+        assert meta["namespace"] == "team-a" and "ownerReferences" not in meta
+        assert meta["labels"][MANAGED_BY_LABEL] == OPERATOR_NAME and JOB_LABEL not in meta["labels"]
 
 
 def test_head_group_has_no_gpu_head_resources_and_dashboard() -> None:
@@ -534,7 +552,6 @@ def test_the_pod_template_overlay_reaches_every_trainer_pod_and_the_service_acco
     assert templates["submitter"]["spec"]["automountServiceAccountToken"] is False
     account = objects["ServiceAccount"]
     assert account["metadata"]["annotations"] == OVERLAY["serviceAccountAnnotations"]
-    assert "annotations" not in objects["Role"]["metadata"]
 
 
 def test_without_an_overlay_the_pods_carry_only_the_platforms_metadata() -> None:

@@ -34,6 +34,7 @@ from llmtrain.operator.config import OperatorConfig
 from llmtrain.operator.kube import RESOURCES, ApiError, Kube
 from llmtrain.operator.metrics import ERRORS, PHASE_BOOK, RESYNC
 from llmtrain.operator.reconcile import read_again, recreate
+from llmtrain.operator.reporter import REPORTER_RBAC
 from llmtrain.operator.reporting import JOB_RESOURCE, job_key, mark_finished, report, unmark_unfinished
 from llmtrain.operator.serial import JOB_LOCKS
 from llmtrain.operator.status import Step, ended, finished, startup_failed
@@ -191,6 +192,7 @@ def resync_all(kube: Kube, config: OperatorConfig, logger: logging.Logger) -> No
     the gauge, a page at a time (`PhaseBook.count_retained`); a job in neither list (its DELETED
     event missed) leaves the gauge."""
     booked = PHASE_BOOK.keys()  # before listing: a job created later is not dropped
+    REPORTER_RBAC.forget()  # each namespace with a job at work is read again (one deleted: made again)
     listed: set[str] = set()
     for namespace in config.namespaces or (None,):
         for jobs in kube.list_pages(JOB_RESOURCE, namespace, label_selector=UNFINISHED, page=RESYNC_PAGE):
@@ -286,6 +288,11 @@ def _resync_page(
             active.append(job)
     if not active:
         return
+    for ns in sorted({job["metadata"]["namespace"] for job in active}):
+        try:
+            REPORTER_RBAC.ensure(kube, ns)
+        except (ApiError, OwnershipConflict) as exc:  # the jobs' reconciles say so; the next pass retries
+            logger.warning(f"the reporter rights of namespace {ns}: {exc}")
     names = ",".join(sorted({job["metadata"]["name"] for job in active}))
     rayjobs = {
         (r["metadata"]["namespace"], r["metadata"]["name"]): r

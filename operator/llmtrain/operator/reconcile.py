@@ -35,6 +35,7 @@ from llmtrain.operator.children import (
 from llmtrain.operator.config import OperatorConfig
 from llmtrain.operator.kube import ApiError, Kube
 from llmtrain.operator.metrics import ERRORS, PHASE_BOOK, RECONCILE_SECONDS
+from llmtrain.operator.reporter import REPORTER_RBAC
 from llmtrain.operator.reporting import JOB_RESOURCE, job_key, mark_finished, report
 from llmtrain.operator.serial import JOB_LOCKS
 from llmtrain.operator.status import (
@@ -143,6 +144,9 @@ def _reconcile(
         report(kube, body, None, Step.KEPT)
         return
     try:
+        # The namespace's reporter rights before the job's pods can run (its trainer reports with them).
+        for written in REPORTER_RBAC.ensure(kube, job.metadata.namespace):
+            logger.info(f"{written} (the reporter rights of namespace {job.metadata.namespace})")
         result = ensure_all(
             kube, objects, still_unfinished(kube, body), _kueue_manages(kube), create_first=create_first
         )
@@ -265,6 +269,7 @@ def recreate(kube: Kube, config: OperatorConfig, job: Mapping[str, Any], logger:
     except InvalidJob:
         return
     try:
+        REPORTER_RBAC.ensure(kube, parsed.metadata.namespace)
         result = ensure_all(
             kube, render(parsed, config.images), still_unfinished(kube, job), _kueue_manages(kube)
         )

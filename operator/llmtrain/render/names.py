@@ -32,5 +32,6 @@ def pvc_name(job_name: str) -> str:
 
 
 def trainer_account_name(job_name: str) -> str:
-    """ServiceAccount, Role and RoleBinding share this name."""
+    """The job's ServiceAccount (earlier operators named its Role and RoleBinding so too). The
+    chart's admission policies check this rule in CEL: keep them in step."""
     return child_name(job_name, "trainer")
