@@ -54,7 +54,8 @@ await = while [ ! -s $(1).rc ] && kill -0 "$$(cat $(1).pid)" 2>/dev/null; do sle
 .PHONY: builds-start
 builds-start:
 	bash hack/install_node_deps.sh
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@# A new venv gets its pip first: images.py's `pip download` must not run while pip is replaced.
+	@test -x $(PY) || { $(PYTHON) -m venv $(VENV) && $(PY) -m pip install --quiet -c constraints.txt --upgrade pip wheel setuptools; }
 	PYTHONPATH=operator $(PY) -c 'from hack import images; images.ensure_host_tools()'
 	@$(PY) hack/tools/build_tools.py --go >/dev/null
 	@echo "building the cluster's binaries and the images in the background (logs: $(TOOLS_LOG), $(IMAGES_LOG))"
