@@ -32,22 +32,40 @@ $(STAMP): pyproject.toml constraints.txt operator/llmtrain/constants.py
 
 install: $(STAMP) ## create .venv and install llmtrain with every extra
 
-test: $(STAMP) prepare ## run every test tier (unit, real cluster, trainer, chart, e2e checks, real pods), in two lanes
+test: prepare ## run every test tier (unit, real cluster, trainer, chart, e2e checks, real pods), in two lanes
 	$(PY) hack/run_tests.py $(PYTEST_ARGS)
 
-# On a cold machine the image builds wait on downloads (Debian packages, PyPI's 4 GB torch) while
-# Go compiles the cluster's binaries: side by side they overlap. The Debian packages both need come
-# first, one apt at a time.
+# On a cold machine Go compiles the cluster's binaries for 20-odd minutes (CPU) while the venv, the
+# Node.js tool and the images mostly wait on downloads (PyPI's torch, npm, Debian packages) and the
+# disk: so builds-start starts the Go build and the images first, in the background, as soon as the
+# Debian packages (apt, one at a time) are in and a bare venv can run build_tools.py and images.py
+# (stdlib and operator/ only; `--go` finds or installs go before anything else pips into the venv),
+# and the venv's install and the Node.js tool follow in the foreground. Each background step's
+# exit status lands in LOG.rc, and prepare waits for its process (LOG.pid): a failure (or no
+# status: killed) fails `prepare` with the log's tail. Warm, every step is a check (about a
+# second). The order matters, hence .NOTPARALLEL (make 4.3 has no per-target form).
+TOOLS_LOG ?= $(VENV)/tools-build.log
 IMAGES_LOG ?= $(VENV)/images-build.log
-prepare: $(STAMP) ## build the cluster's binaries (tools) and the images side by side, as `make test` does
+# $(call background,LOG,COMMAND) and $(call await,LOG): one line of a recipe each.
+background = rm -f $(1).rc; { $(2); echo $$? >$(1).rc; } >$(1) 2>&1 & echo $$! >$(1).pid
+await = while [ ! -s $(1).rc ] && kill -0 "$$(cat $(1).pid)" 2>/dev/null; do sleep 0.2; done; \
+  if [ "$$(cat $(1).rc 2>/dev/null)" != 0 ]; then tail -50 $(1); echo "failed: see $(1)"; exit 1; fi
+.NOTPARALLEL:
+.PHONY: builds-start
+builds-start:
 	bash hack/install_node_deps.sh
-	$(PY) -c 'from hack import images; images.ensure_host_tools()'
+	@# A new venv gets its pip first: images.py's `pip download` must not run while pip is replaced.
+	@test -x $(PY) || { $(PYTHON) -m venv $(VENV) && $(PY) -m pip install --quiet -c constraints.txt --upgrade pip wheel setuptools; }
+	PYTHONPATH=operator $(PY) -c 'from hack import images; images.ensure_host_tools()'
+	@$(PY) hack/tools/build_tools.py --go >/dev/null
+	@echo "building the cluster's binaries and the images in the background (logs: $(TOOLS_LOG), $(IMAGES_LOG))"
+	@$(call background,$(TOOLS_LOG),$(PY) hack/tools/build_tools.py)
+	@$(call background,$(IMAGES_LOG),PYTHONPATH=operator $(PY) hack/images.py)
+
+prepare: builds-start $(STAMP) ## build the cluster's binaries (tools) and the images beside the venv's install and the Node.js tool, as `make test` does
 	$(PY) hack/node_tools/node_tools.py
-	@echo "building the images in the background (log: $(IMAGES_LOG))"
-	@$(PY) hack/images.py >$(IMAGES_LOG) 2>&1 & images=$$!; \
-	  $(PY) hack/tools/build_tools.py; tools=$$?; \
-	  if ! wait $$images; then tail -50 $(IMAGES_LOG); exit 1; fi; \
-	  tail -3 $(IMAGES_LOG); exit $$tools
+	@$(call await,$(IMAGES_LOG)); tail -4 $(IMAGES_LOG)
+	@$(call await,$(TOOLS_LOG)); cat $(TOOLS_LOG)
 
 # 1 min 59.7 s on 2026-11-27 (load average 1.8-3.3, a nice-15 mutation run beside it; 2 min 39 s at
 # load 4.4-5.4), pytest 92 CPU-seconds, mypy

