@@ -4,7 +4,8 @@ Training must never wait on the API server: `emit()` only records the newest sta
 background thread, which patches at most every `interval` seconds (immediately on a checkpoint, the
 end, or an error). A failed patch is retried with backoff; a state that a newer one replaced while
 waiting is dropped, never sent late. The pod's own ServiceAccount may patch only this job's status
-(the Role rendered per job), so this needs no client library: the standard library suffices.
+(the namespace's reporter Role, narrowed to the job by the chart's reporter admission policy), so
+this needs no client library: the standard library suffices.
 """
 
 from __future__ import annotations
