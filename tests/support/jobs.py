@@ -44,3 +44,15 @@ def with_path(doc: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
     else:
         node[parts[-1]] = value
     return out
+
+
+def stored_reporter_rbac(resource: Any, namespace: str, name: str) -> dict[str, Any] | None:
+    """The namespace's reporter Role or RoleBinding as the operator made it, for fake API clients
+    whose `get` must answer the resync's reporter check (`operator/reporter.py`) with "in place"."""
+    from llmtrain.operator.kube import resource_of
+    from llmtrain.render.rbac import render_reporter_rbac
+
+    for obj in render_reporter_rbac(namespace):
+        if resource_of(obj) is resource and obj["metadata"]["name"] == name:
+            return obj
+    return None

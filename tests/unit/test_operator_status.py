@@ -19,6 +19,8 @@ from llmtrain.operator.status import (
     operator_status,
 )
 
+from tests.support.jobs import stored_reporter_rbac
+
 
 @pytest.mark.parametrize(
     ("status", "phase", "reason", "message"),
@@ -616,6 +618,9 @@ def test_one_jobs_conflict_does_not_end_the_resync_pass(monkeypatch: pytest.Monk
         def list_all(self, resource: object, namespace: object, label_selector: object = None) -> list:
             return [job("a"), job("b")] if resource is mirror.JOB_RESOURCE else [rayjob_b]
 
+        def get(self, resource: object, namespace: str, name: str) -> dict | None:
+            return stored_reporter_rbac(resource, namespace, name)  # the reporter rights are in place
+
     def gone(*args: object) -> None:
         raise OwnershipConflict("a's RayJob name is taken")
 
@@ -691,6 +696,8 @@ def test_a_resync_pass_on_a_stale_list_neither_writes_nor_creates_for_a_job_fini
         def get(self, resource: object, namespace: str, name: str) -> dict:
             if resource is mirror.JOB_RESOURCE:
                 return now
+            if reporter := stored_reporter_rbac(resource, namespace, name):
+                return reporter  # the namespace's reporter rights are in place
             raise ApiError(404, "NotFound", name)
 
         def create(self, obj: dict) -> dict:

@@ -19,13 +19,14 @@ from llmtrain.constants import (
     RAY_API_GROUP,
     RAY_API_VERSION,
     RAYJOB_PLURAL,
+    REPORTER_NAME,
 )
 from llmtrain.operator import mirror, reporting
 from llmtrain.operator.config import OperatorConfig
 from llmtrain.operator.kube import ApiError
 from llmtrain.operator.status import Failure, Step
 
-from tests.support.jobs import minimal_job
+from tests.support.jobs import minimal_job, stored_reporter_rbac
 
 SUCCEEDED_RAYJOB = {"status": {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}}
 
@@ -70,6 +71,13 @@ class Kube:
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         return obj
+
+    def get(self, res: Any, namespace: str, name: str) -> dict[str, Any]:
+        """Only the resync's check of the namespace's reporter Role and RoleBinding reads here."""
+        self.calls.append(("get", res.plural, name))
+        stored = stored_reporter_rbac(res, namespace, name)
+        assert stored is not None, (res.plural, name)
+        return stored
 
 
 def test_a_job_whose_status_becomes_terminal_is_labelled_finished_once() -> None:
@@ -121,6 +129,9 @@ def test_the_resync_lists_unfinished_jobs_a_page_at_a_time_and_labels_finished_o
     assert kube.calls == [
         ("list-page", "llmtrainingjobs", selector, page, "0"),
         ("patch", "llmtrainingjobs", "old"),
+        # the namespace's reporter rights, read once per pass (page 1's jobs share the namespace)
+        ("get", "roles", REPORTER_NAME),
+        ("get", "rolebindings", REPORTER_NAME),
         ("list", "rayjobs", f"{JOB_LABEL} in (a)"),
         ("list-page", "llmtrainingjobs", selector, page, "1"),
         ("list", "rayjobs", f"{JOB_LABEL} in (b,c)"),
