@@ -277,7 +277,7 @@ def drift_patch(
     return patch
 
 
-def _read(kube: Kube, desired: dict[str, Any]) -> dict[str, Any] | None:
+def read_child(kube: Kube, desired: dict[str, Any]) -> dict[str, Any] | None:
     """The child as stored under its name, None if there is none."""
     meta = desired["metadata"]
     try:
@@ -369,7 +369,7 @@ def ensure(
         except ApiError as err:
             if err.status not in (403, 409):
                 raise
-            existing = _read(kube, desired)  # created meanwhile (409), or refused for quota (403)
+            existing = read_child(kube, desired)  # created meanwhile (409), or refused for quota (403)
             if existing is None:
                 if err.status == 403:
                     raise
@@ -472,7 +472,7 @@ def ensure_all(
         if obj["kind"] == "RayJob":
             result.rayjob = stored
             _refuse_unauthenticated(kube, obj, stored)
-    found = [(obj, _read(kube, obj)) for obj in pending]
+    found = [(obj, read_child(kube, obj)) for obj in pending]
     leftovers = [old for obj, old in found if old is not None and _left_by_earlier_job(obj, old)]
     if leftovers:
         raise LeftByEarlierJob(leftovers, str(_job_uid(objects[0])))

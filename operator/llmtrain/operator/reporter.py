@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from llmtrain.constants import MANAGED_BY_LABEL, OPERATOR_NAME
-from llmtrain.operator.children import OwnershipConflict
+from llmtrain.operator.children import OwnershipConflict, read_child
 from llmtrain.operator.kube import ApiError, Kube, resource_of
 from llmtrain.render.rbac import render_reporter_rbac
 
@@ -55,20 +55,10 @@ class ReporterRbac:
             return written
 
 
-def _read(kube: Kube, desired: dict[str, Any]) -> dict[str, Any] | None:
-    meta = desired["metadata"]
-    try:
-        return kube.get(resource_of(desired), meta["namespace"], meta["name"])
-    except ApiError as err:
-        if err.status == 404:
-            return None
-        raise
-
-
 def _ensure_one(kube: Kube, desired: dict[str, Any]) -> str | None:
     meta, kind = desired["metadata"], desired["kind"]
     key = f"{kind}/{meta['name']}"
-    existing = _read(kube, desired)
+    existing = read_child(kube, desired)
     if existing is None:
         try:
             kube.create(desired)
@@ -76,7 +66,7 @@ def _ensure_one(kube: Kube, desired: dict[str, Any]) -> str | None:
         except ApiError as err:
             if err.status != 409:
                 raise
-            existing = _read(kube, desired)  # another replica or reconcile made it meanwhile
+            existing = read_child(kube, desired)  # another replica or reconcile made it meanwhile
             if existing is None:
                 raise
     labels = existing["metadata"].get("labels") or {}
