@@ -15,13 +15,20 @@ from llmtrain.constants import (
 )
 
 
+def operator_labels(component: str) -> dict[str, str]:
+    """What every object the operator makes carries, a job's child or the namespace's own."""
+    return {
+        "app.kubernetes.io/name": "llmtrain",
+        MANAGED_BY_LABEL: OPERATOR_NAME,
+        "app.kubernetes.io/component": component,
+    }
+
+
 def labels(job: LLMTrainingJob, component: str) -> dict[str, str]:
     """The job's uid too, once it has one: which incarnation of the job a child belongs to."""
     out = {
-        "app.kubernetes.io/name": "llmtrain",
+        **operator_labels(component),
         "app.kubernetes.io/instance": job.metadata.name,
-        MANAGED_BY_LABEL: OPERATOR_NAME,
-        "app.kubernetes.io/component": component,
         JOB_LABEL: job.metadata.name,
     }
     if job.metadata.uid:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from llmtrain.api.job import LLMTrainingJob
-from llmtrain.constants import API_GROUP, MANAGED_BY_LABEL, OPERATOR_NAME, PLURAL, REPORTER_NAME
-from llmtrain.render.labels import object_meta
+from llmtrain.constants import API_GROUP, PLURAL, REPORTER_NAME
+from llmtrain.render.labels import object_meta, operator_labels
 from llmtrain.render.names import trainer_account_name
 
 RBAC_GROUP = "rbac.authorization.k8s.io"
@@ -32,15 +32,7 @@ def reporter_subject(namespace: str) -> dict[str, Any]:
 def render_reporter_rbac(namespace: str) -> list[dict[str, Any]]:
     """The namespace's reporter Role and RoleBinding. No job label and no owner: they serve every
     job of the namespace and outlive each one (deleted with the namespace, or by hand)."""
-    meta = {
-        "name": REPORTER_NAME,
-        "namespace": namespace,
-        "labels": {
-            "app.kubernetes.io/name": "llmtrain",
-            MANAGED_BY_LABEL: OPERATOR_NAME,
-            "app.kubernetes.io/component": "reporter",
-        },
-    }
+    meta = {"name": REPORTER_NAME, "namespace": namespace, "labels": operator_labels("reporter")}
     return [
         {"apiVersion": f"{RBAC_GROUP}/v1", "kind": "Role", "metadata": meta, "rules": reporter_rules()},
         {
