@@ -72,11 +72,17 @@ def rayjob_crd_without_auth(cluster: Cluster, platform: str, namespace: str) -> 
         wait_for(served_again, timeout=120, interval=1, what="authOptions served again (3 creates in a row)")
 
 
-def _stored_keeps_auth(cluster: Cluster, namespace: str, attempt: int) -> bool:
-    """A suspended probe RayJob created for real and read back keeps authOptions; then deleted."""
-    name = f"auth-probe-{attempt}"
+def _probe_rayjob(name: str, namespace: str) -> dict[str, Any]:
+    """The RayJob a suspended job of that name renders, with authOptions, owned by nothing."""
     (probe,) = [o for o in render(parse_job(cpu_job(name, namespace, suspend=True))) if o["kind"] == "RayJob"]
     probe["metadata"].pop("ownerReferences", None)
+    assert probe["spec"]["rayClusterSpec"]["authOptions"] == {"mode": "token"}
+    return probe
+
+
+def _stored_keeps_auth(cluster: Cluster, namespace: str, attempt: int) -> bool:
+    """A suspended probe RayJob created for real and read back keeps authOptions; then deleted."""
+    probe = _probe_rayjob(f"auth-probe-{attempt}", namespace)
     cluster.kubectl("create", "--validate=false", "-n", namespace, "-f", "-", input=json.dumps(probe))
     try:
         stored = get(cluster, "rayjobs.ray.io", probe["metadata"]["name"], namespace)
@@ -88,11 +94,7 @@ def _stored_keeps_auth(cluster: Cluster, namespace: str, attempt: int) -> bool:
 
 def _prunes_auth(cluster: Cluster, namespace: str) -> bool:
     """Whether the API server, as it serves the RayJob CRD now, drops authOptions on create."""
-    (probe,) = [
-        o for o in render(parse_job(cpu_job("probe", namespace, suspend=True))) if o["kind"] == "RayJob"
-    ]
-    probe["metadata"].pop("ownerReferences", None)
-    assert probe["spec"]["rayClusterSpec"]["authOptions"] == {"mode": "token"}
+    probe = _probe_rayjob("probe", namespace)
     # --validate=false: kubectl's default (Strict) refuses what the API server would prune.
     args = ("create", "--dry-run=server", "--validate=false", "-n", namespace, "-o", "json", "-f", "-")
     dry = cluster.kubectl(*args, input=json.dumps(probe))
