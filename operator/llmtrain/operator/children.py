@@ -453,15 +453,18 @@ def ensure_all(
     the read (one request instead of two, the same guards before the RayJob); the first create
     answered 409 (it exists: an interrupted try, an earlier namesake's leftovers) or 403 (a quota
     or an admission policy) stops that, and it and the rest are read first as on any other try.
-    What this try created is this job's own, so leftovers are still all named at once."""
+    What this try created is this job's own, so leftovers are still all named at once. A RayJob
+    reached this way follows children this very try created (each answered 201): none existed,
+    so no earlier try of this job got as far as its RayJob, which they precede, and nothing can
+    have run or finished it: `before_rayjob_create` is not asked (a read of the job saved)."""
     result = EnsureResult()
     pending = list(objects)
     while create_first and pending:
         obj = pending[0]
         if obj["kind"] == "RayJob":
+            # Every earlier child answered 201 here (the first that did not ended this loop), so
+            # `before_rayjob_create` is not asked (see above).
             _hold_for_earlier_pods(kube, obj)
-            if before_rayjob_create is not None:
-                before_rayjob_create(obj)
         try:
             stored = _create(kube, obj, result)
         except ApiError as err:

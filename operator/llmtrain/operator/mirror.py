@@ -35,7 +35,14 @@ from llmtrain.operator.kube import RESOURCES, ApiError, Kube
 from llmtrain.operator.metrics import ERRORS, PHASE_BOOK, RESYNC
 from llmtrain.operator.reconcile import read_again, recreate
 from llmtrain.operator.reporter import REPORTER_RBAC
-from llmtrain.operator.reporting import JOB_RESOURCE, job_key, mark_finished, report, unmark_unfinished
+from llmtrain.operator.reporting import (
+    JOB_RESOURCE,
+    MIRRORED_FROM,
+    job_key,
+    mark_finished,
+    report,
+    unmark_unfinished,
+)
 from llmtrain.operator.serial import JOB_LOCKS
 from llmtrain.operator.status import Step, ended, finished, startup_failed
 
@@ -55,11 +62,15 @@ def mirror_rayjob(
     event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any
 ) -> None:
     """Event handlers are not retried by Kopf: a few quick retries here (each reads the job again:
-    a 409 means it changed since read), then the resync pass."""
+    a 409 means it changed since read), then the resync pass. An event that brings the RayJob
+    state the job's status was last derived from (`reporting.MIRRORED_FROM`) is skipped: it would
+    read the job and write nothing."""
     ref = owner_ref(body)
     if ref is None:
         return
     with JOB_LOCKS.hold(job_key({"namespace": body["metadata"]["namespace"], "name": ref["name"]})):
+        if event.get("type") != "DELETED" and MIRRORED_FROM.same(str(ref.get("uid")), body):
+            return
         for attempt in range(_MIRROR_ATTEMPTS):
             try:
                 job = _owner(memo.kube, body)
@@ -71,6 +82,7 @@ def mirror_rayjob(
                     startup.mirror(memo.kube, job, body)
                 return
             except ApiError as err:
+                MIRRORED_FROM.forget(str(ref.get("uid")))  # its stop may not have got through
                 ERRORS.labels(reason=f"StatusHttp{err.status}").inc()
                 if not err.transient or attempt == _MIRROR_ATTEMPTS - 1:
                     name = body["metadata"]["name"]

@@ -6,7 +6,8 @@ job; a creation the API refuses for now (quota, admission), or children an earli
 left behind, wait with a growing delay; pods an earlier job of this name left (terminating)
 hold the RayJob back until they are gone. Each run holds the job's lock (`serial.JOB_LOCKS`), and the
 job is read again just before its RayJob would be created: Kopf's copy may be older than a finish
-the mirror has written meanwhile.
+the mirror has written meanwhile. Not on a first try that created every earlier child itself
+(`children.ensure_all`): no RayJob of the job can have been made before, so nothing finished it.
 """
 
 from __future__ import annotations

@@ -10,9 +10,13 @@ here too (`mark_finished`), which keeps it out of the resync's lists.
 
 from __future__ import annotations
 
+import collections
 import datetime
+import hashlib
+import json
 import logging
 import socket
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,6 +36,7 @@ from llmtrain.operator.status import (
     Outcome,
     Report,
     Startup,
+    Step,
     finished,
     operator_status,
     startup_failed,
@@ -43,6 +48,60 @@ COMPONENT = OPERATOR_NAME
 INSTANCE = socket.gethostname()  # the pod's name in a cluster
 log = logging.getLogger(__name__)
 FINISHED_VALUE = "true"
+
+
+def rayjob_digest(rayjob: Mapping[str, Any]) -> bytes:
+    """What a RayJob says to the mirror (its name, uid, labels, annotations, owners, deletion,
+    spec and status), as a digest: not its resourceVersion, managedFields or finalizers, which
+    change with writes that say nothing new (KubeRay adding its finalizer)."""
+    meta = rayjob.get("metadata") or {}
+    said = [
+        meta.get(key)
+        for key in ("name", "uid", "labels", "annotations", "ownerReferences", "deletionTimestamp")
+    ]
+    text = json.dumps([said, rayjob.get("spec"), rayjob.get("status")], sort_keys=True, default=str)
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+class MirroredFrom:
+    """Per job (by uid), the RayJob state (`rayjob_digest`) its status was last derived from by
+    this process, through `report`: the RayJob mirror skips an event that brings that same state
+    again (the echo of the reconciler's own create, KubeRay's finalizer), which would cost a GET
+    of the job and write nothing. Any other report on the job forgets it (its status may say
+    something else now), and so does a failed write. The most recent `capacity` jobs are kept;
+    a forgotten job costs one read at its RayJob's next event. The resync pass and the start-up
+    look mirror from the RayJob as it is, whatever this says."""
+
+    def __init__(self, capacity: int = 20_000) -> None:
+        self._capacity = capacity
+        self._digests: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+        self._guard = threading.Lock()
+
+    def note(self, job_uid: str, rayjob: Mapping[str, Any]) -> None:
+        digest = rayjob_digest(rayjob)
+        with self._guard:
+            self._digests[job_uid] = digest
+            self._digests.move_to_end(job_uid)
+            if len(self._digests) > self._capacity:
+                self._digests.popitem(last=False)
+
+    def forget(self, job_uid: str) -> None:
+        with self._guard:
+            self._digests.pop(job_uid, None)
+
+    def same(self, job_uid: str, rayjob: Mapping[str, Any]) -> bool:
+        """Whether the job's status was last derived from this very RayJob state."""
+        with self._guard:
+            known = self._digests.get(job_uid)
+        return known is not None and known == rayjob_digest(rayjob)
+
+    def __len__(self) -> int:
+        return len(self._digests)
+
+
+MIRRORED_FROM = MirroredFrom()
+# The outcomes whose status is the RayJob's state as given (`status.operator_status`).
+_DERIVED = (Step.CREATED, Step.MIRRORED, Step.RECREATED)
 
 
 def now() -> str:
@@ -103,7 +162,12 @@ def report(
     meanwhile is not an error; any other failure raises ApiError for the caller to retry.
     """
     said = operator_status(job, rayjob, outcome, now(), startup)
+    uid = job["metadata"].get("uid")
+    if uid:
+        MIRRORED_FROM.forget(str(uid))  # until written: a failed write leaves nothing noted
     written = _write(kube, job, said.update, precondition)
+    if uid and rayjob is not None and outcome in _DERIVED:
+        MIRRORED_FROM.note(str(uid), rayjob)
     merged = {**(job.get("status") or {}), **said.update}
     if finished(merged) and not startup_failed(merged):  # that one once its RayJob is stopped
         mark_finished(kube, job, merged.get("rayJobName"))
