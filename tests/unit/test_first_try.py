@@ -8,9 +8,9 @@ from typing import Any
 import kopf
 import pytest
 from llmtrain.api.validation import parse_job
+from llmtrain.operator import reconcile
 from llmtrain.operator.children import ensure_all
 from llmtrain.operator.kube import ApiError, resource_of
-from llmtrain.operator import reconcile
 from llmtrain.operator.reconcile import TriedJobs, first_try
 from llmtrain.operator.settings import CONSISTENCY_TIMEOUT, configure
 from llmtrain.render import render
@@ -46,7 +46,7 @@ def test_kopf_waits_for_its_own_diff_base_patch_longer_than_a_bursts_watch_lag()
 class _Api:
     """Children stored by (kind, name): a create of one that exists answers 409; no pods."""
 
-    def __init__(self, existing: list[dict[str, Any]] = ()) -> None:  # type: ignore[assignment]
+    def __init__(self, existing: tuple[dict[str, Any], ...] = ()) -> None:
         self.stored = {(o["kind"], o["metadata"]["name"]): o for o in existing}
         self.creates: list[str] = []
 
@@ -67,7 +67,9 @@ class _Api:
     def list_all(self, resource: object, namespace: str, **_: Any) -> list[dict[str, Any]]:
         return []
 
-    def merge_patch(self, resource: object, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+    def merge_patch(
+        self, resource: object, namespace: str, name: str, patch: dict[str, Any]
+    ) -> dict[str, Any]:
         return self.get(resource, namespace, name)
 
 
@@ -87,7 +89,7 @@ def test_a_first_try_that_created_every_earlier_child_creates_the_rayjob_without
     ensure_all(fresh, children, asked.append, create_first=True)  # type: ignore[arg-type]
     assert fresh.creates[-1] == "RayJob" and asked == []
     for already in (children[0], children[-2]):
-        api = _Api([already])
+        api = _Api((already,))
         ensure_all(api, _children(), asked.append, create_first=True)  # type: ignore[arg-type]
         assert api.creates[-1] == "RayJob" and len(asked) == 1, already["kind"]
         asked.clear()
