@@ -394,6 +394,27 @@ def test_a_young_attempt_is_not_looked_into_an_older_one_is_and_an_expired_one_i
     assert kube.patched[-1] == ("llmtrainingjobs", label)
 
 
+def test_a_rayjob_being_suspended_is_not_looked_into_nor_looked_at_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """KubeRay marks a new RayJob Initializing (with a startTime) before it sees `suspend`; under a
+    burst of queued jobs that lasts past LOOK_AFTER_SECONDS. No pods start: no reads, not noted."""
+    from llmtrain.operator import reporting, startup
+
+    monkeypatch.setattr(startup, "STARTING", startup.StartingJobs())
+    kube = FakeKube()
+    being_suspended = rayjob("Initializing")
+    being_suspended["spec"]["suspend"] = True
+    monkeypatch.setattr(reporting, "now", lambda: "2026-11-26T10:00:30Z")
+    startup.mirror(kube, job({"phase": "Initializing"}), being_suspended)  # type: ignore[arg-type]
+    assert kube.listed == [], "a RayJob being suspended starts no pods: nothing to look into"
+    assert startup.STARTING.items() == [], "nor is it looked at again between resyncs"
+    # Past its deadline it is judged as any starting job (a look names the last cause).
+    monkeypatch.setattr(reporting, "now", lambda: "2026-11-26T10:10:00Z")
+    startup.mirror(kube, job({"phase": "Initializing"}), being_suspended)  # type: ignore[arg-type]
+    assert kube.listed == ["pods", "events", "nodes"]
+
+
 class StoredKube(FakeKube):
     """FakeKube that also serves GETs of the job and its RayJob as stored now."""
 

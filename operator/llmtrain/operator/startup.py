@@ -107,8 +107,12 @@ def mirror(kube: Kube, job: Mapping[str, Any], rayjob: Mapping[str, Any]) -> Rep
         return reporting.report(kube, job, None, kueue)
     deadline = deadline_seconds(job)
     now = reporting.now()
+    # A RayJob being suspended (by its user or by Kueue) still reads Initializing until KubeRay gets
+    # to it, which under a burst takes longer than LOOK_AFTER_SECONDS: it starts no pods, so there
+    # is nothing to look into (two LISTs saved per queued job) unless its deadline has passed.
     worth_a_look = starting(rayjob) and (
-        startup_expired(rayjob, deadline, now) or starting_for(rayjob, now) >= LOOK_AFTER_SECONDS
+        startup_expired(rayjob, deadline, now)
+        or (not suspended(rayjob) and starting_for(rayjob, now) >= LOOK_AFTER_SECONDS)
     )
     startup = Startup(deadline, look(kube, job, rayjob) if worth_a_look else None)
     said = reporting.report(kube, job, rayjob, Step.MIRRORED, startup=startup)
@@ -116,7 +120,7 @@ def mirror(kube: Kube, job: Mapping[str, Any], rayjob: Mapping[str, Any]) -> Rep
     if failed:
         stop(kube, rayjob)
         reporting.mark_finished(kube, job, rayjob["metadata"]["name"])  # only once it is stopped
-    STARTING.note(job, rayjob, starting(rayjob) and not failed)
+    STARTING.note(job, rayjob, starting(rayjob) and not suspended(rayjob) and not failed)
     return said
 
 
@@ -149,6 +153,11 @@ def _kueue_verdict(kube: Kube, job: Mapping[str, Any], rayjob: Mapping[str, Any]
 def starting(rayjob: Mapping[str, Any]) -> bool:
     status = rayjob.get("status") or {}
     return status.get("jobDeploymentStatus") in STARTING_DEPLOYMENT or status.get("reason") == KUBERAY_EXPIRY
+
+
+def suspended(rayjob: Mapping[str, Any]) -> bool:
+    """Whether the RayJob is asked to be suspended (its cluster goes, whatever its status says yet)."""
+    return (rayjob.get("spec") or {}).get("suspend") is True
 
 
 def deadline_seconds(job: Mapping[str, Any]) -> int:
