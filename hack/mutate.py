@@ -150,6 +150,14 @@ def split_key(key: str) -> tuple[str, str]:
     return function.rpartition(".")[2], number
 
 
+def module_of(key: str) -> str:
+    """`llmtrain.memory.x_plan__mutmut_12` -> `llmtrain.memory` (a method's is `xǁClassǁname`)."""
+    parts = key.rpartition("__mutmut_")[0].split(".")
+    while parts and not parts[-1].startswith(("x_", "xǁ")):
+        parts.pop()
+    return ".".join(parts[:-1])
+
+
 def status(code: int | None) -> str:
     from mutmut.stats import status_by_exit_code
 
@@ -371,6 +379,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, verdict in sorted(judged.items()):
         if verdict not in KILLED:
             print(f"{verdict}: {name}")
+    by_module: dict[str, list[str]] = {}
+    for name, verdict in status_by_name.items():
+        by_module.setdefault(module_of(name), []).append(verdict)
+    for module, statuses in sorted(by_module.items()):
+        done = [s for s in statuses if s not in NOT_RUN]
+        dead = sum(s in KILLED for s in done)
+        share = f"{100.0 * dead / len(done):.1f}" if done else "-"
+        print(f"{module}: mutants={len(statuses)} judged={len(done)} killed={dead} score={share}")
     score = 100.0 * killed / len(judged) if judged else 0.0
     not_run = len(status_by_name) - len(judged)
     print(f"mutants={len(status_by_name)} judged={len(judged)} killed={killed} not_run={not_run}")

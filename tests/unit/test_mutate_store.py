@@ -158,6 +158,7 @@ def test_a_fresh_stage_with_the_store_tests_nothing(
     out = capsys.readouterr().out
     assert "restored 3 verdicts" in out
     assert "survived: llmtrain.memory.x_plan__mutmut_2" in out
+    assert "llmtrain.memory: mutants=3 judged=3 killed=2 score=66.7" in out
     assert "mutation_score=66.7" in out
     assert mutate.read_store(stage / "verdicts.json") == _store()
 
