@@ -192,7 +192,9 @@ def forget_survivors(metas: Metas) -> set[str]:
     return changed
 
 
-def restore(store: dict[str, Any], metas: Metas, tests: str, patterns: dict[str, str]) -> tuple[int, set[str]]:
+def restore(
+    store: dict[str, Any], metas: Metas, tests: str, patterns: dict[str, str]
+) -> tuple[int, set[str]]:
     """Fill the mutants of `metas` that have no verdict from the store, where the file's patterns
     and the function's hash are the store's; survivors only when the tests are the store's too.
     Returns the number restored and the files changed."""
@@ -288,8 +290,9 @@ setup_source_paths()
 store_lines_covered_by_tests()
 create_mutants(int(sys.argv[1]))
 stats = Path("mutants/mutmut-stats.json")
-if stats.exists() and json.loads(stats.read_text()).get("config_fingerprint") != config().config_fingerprint():
-    stats.unlink()
+if stats.exists():
+    if json.loads(stats.read_text()).get("config_fingerprint") != config().config_fingerprint():
+        stats.unlink()
 """
 
 
@@ -309,8 +312,9 @@ def generate(max_children: int) -> None:
 
 def mutmut(*args: str) -> None:
     """`mutmut run` in the stage. Interrupted (Ctrl-C, or SIGTERM turned into KeyboardInterrupt by
-    main), it gets SIGINT: mutmut stops its workers, its .meta files keep every verdict so far."""
-    process = subprocess.Popen([sys.executable, "-m", "mutmut", *args], cwd=STAGE)
+    main), it gets one SIGINT (in a session of its own, a terminal's Ctrl-C does not reach it twice):
+    mutmut stops its workers, and its .meta files keep every verdict so far."""
+    process = subprocess.Popen([sys.executable, "-m", "mutmut", *args], cwd=STAGE, start_new_session=True)
     try:
         code = process.wait()
     except BaseException:
@@ -331,12 +335,16 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="*", help="mutant-name globs to run (those without a verdict); all by default")
+    parser.add_argument(
+        "names", nargs="*", help="mutant-name globs to run (those without a verdict); all by default"
+    )
     parser.add_argument("--max-children", type=int, default=1)
     parser.add_argument("--threshold", type=float, default=90.0)
     parser.add_argument("--again", action="store_true", help="test the mutants matching the globs again")
     parser.add_argument(
-        "--report-only", action="store_true", help="restore the store, save it back and print the score, run nothing"
+        "--report-only",
+        action="store_true",
+        help="restore the store, save it back and print the score, run nothing",
     )
     options = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
@@ -364,7 +372,12 @@ def main(argv: list[str] | None = None) -> int:
                 changed.add(name)
     save_metas(metas, changed, MUTANTS)
     TESTS_SEEN.write_text(tests)
-    todo = sorted(k for meta in metas.values() for k, code in meta["exit_code_by_key"].items() if k in selected and code is None)
+    todo = sorted(
+        k
+        for meta in metas.values()
+        for k, code in meta["exit_code_by_key"].items()
+        if k in selected and code is None
+    )
     print(f"restored {restored} verdicts from {STORE.name}; {len(todo)} mutants to test")
     try:
         if todo and not options.report_only:
@@ -373,7 +386,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         write_store(export(load_metas(MUTANTS), tests, patterns), STORE)
 
-    status_by_name = {k: status(code) for meta in load_metas(MUTANTS).values() for k, code in meta["exit_code_by_key"].items()}
+    status_by_name = {
+        k: status(code)
+        for meta in load_metas(MUTANTS).values()
+        for k, code in meta["exit_code_by_key"].items()
+    }
     judged = {n: s for n, s in status_by_name.items() if s not in NOT_RUN}
     killed = sum(s in KILLED for s in judged.values())
     for name, verdict in sorted(judged.items()):

@@ -81,7 +81,11 @@ def test_pattern_digest_follows_the_patterns_that_match_a_line() -> None:
 def test_survivors_are_tested_again_when_the_tests_changed() -> None:
     metas = _fresh()
     mutate.restore(_store(), metas, "new-tests", PATTERNS)
-    assert _codes(metas) == {"x_plan__mutmut_1": KILLED, "x_plan__mutmut_2": None, "x_fits__mutmut_1": TIMEOUT}
+    assert _codes(metas) == {
+        "x_plan__mutmut_1": KILLED,
+        "x_plan__mutmut_2": None,
+        "x_fits__mutmut_1": TIMEOUT,
+    }
     local = _judged()
     assert mutate.forget_survivors(local) == {FILE}
     assert _codes(local) == _codes(metas)
