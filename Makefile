@@ -116,7 +116,7 @@ render-example: $(STAMP) ## print what the 8B FSDP example becomes in the cluste
 	$(BIN)/llmtrain render examples/llama3-8b-fsdp.yaml
 
 MUTATE_ARGS ?=
-mutate: $(STAMP) ## mutation testing of the core (mutmut, incremental; not in `make test`): prints mutation_score=
+mutate: $(STAMP) ## mutation testing of the core (mutmut; verdicts kept in tests/mutation/verdicts.json; not in `make test`): prints mutation_score=
 	nice -n 15 $(PY) hack/mutate.py $(MUTATE_ARGS)
 
 e2e: $(STAMP) ## kind end-to-end test (needs docker, kind, helm, kubectl; uses .venv's llmtrain upload)

@@ -10,11 +10,17 @@ are links to that mutated copy, so tests/conftest.py puts it first on sys.path a
 does for any checkout; everything else (charts, examples, Dockerfiles) is linked there as it is.
 
 What is mutated, which tests run and the equivalent mutants (with their reasons) are in
-pyproject.toml's [tool.mutmut]. mutmut keeps every verdict in `.mutate/mutants/` and tests again
-only the functions whose code changed; survivors are also tested again whenever tests/ changed,
-since a new test may kill them. Arguments are mutant-name globs, passed to `mutmut run`
-(`make mutate MUTATE_ARGS='llmtrain.memory.*'`). Prints `mutation_score=` and every survivor;
-exits 1 below the threshold.
+pyproject.toml's [tool.mutmut]. mutmut keeps its verdicts in `.mutate/mutants/**.py.meta` (ignored,
+so lost with the machine); the committed store, tests/mutation/verdicts.json, keeps them across
+checkouts: for each mutated function, mutmut's hash of its source and its mutants' exit codes, for
+each file the digest of the do_not_mutate_patterns that match its lines (they shift the mutants'
+numbers), and the digest of the tests. A run first has mutmut generate the mutants, then gives every
+mutant without a verdict the store's, where its function's hash and its file's pattern digest are
+the same; a survivor only while the tests digest is too (killed stays killed). It then tests only
+the mutants still without a verdict, and writes the store back from the .meta files, also when
+interrupted. Arguments are mutant-name globs: only the matching mutants without a verdict are
+tested (`--again`: all the matching ones). Prints `mutation_score=` and every survivor, counting
+the restored verdicts; exits 1 below the threshold or while a mutant is untested.
 """
 
 from __future__ import annotations
@@ -24,15 +30,23 @@ import fnmatch
 import hashlib
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 STAGE = REPO / ".mutate"
 MUTANTS = STAGE / "mutants"
+# The verdicts, committed: see main().
+STORE = REPO / "tests" / "mutation" / "verdicts.json"
+# What the verdicts in .mutate/ were made with: the tests digest and each file's pattern digest.
+TESTS_SEEN = STAGE / "tests.sha256"
+PATTERNS_SEEN = STAGE / "patterns.json"
 PACKAGES = {
     "llmtrain": REPO / "operator" / "llmtrain",
     "llmtrain_trainer": REPO / "trainer_image" / "llmtrain_trainer",
@@ -87,60 +101,312 @@ def stage() -> None:
             _link(MUTANTS / entry.name, entry)
 
 
-def _tests_digest() -> str:
+def _mutmut_config(repo: Path = REPO) -> dict[str, Any]:
+    config: dict[str, Any] = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["mutmut"]
+    return config
+
+
+def _tests_digest(repo: Path = REPO) -> str:
+    """What a survivor's verdict depends on besides its code: the tests and how they are chosen."""
     digest = hashlib.sha256()
-    for path in sorted((REPO / "tests").rglob("*.py")):
-        digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+    for path in sorted((repo / "tests").rglob("*.py")):
+        digest.update(str(path.relative_to(repo)).encode() + b"\0" + path.read_bytes())
+    config = _mutmut_config(repo)
+    for key in ("pytest_add_cli_args_test_selection", "pytest_add_cli_args"):
+        digest.update(json.dumps(config.get(key, [])).encode())
     return digest.hexdigest()
 
 
-def verdicts() -> dict[str, str]:
-    """Every mutant's status, from the .meta files mutmut writes beside each mutated file."""
-    from mutmut.stats import status_by_exit_code
-
-    result: dict[str, str] = {}
-    for meta in sorted((MUTANTS / "src").rglob("*.py.meta")):
-        for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
-            result[name] = status_by_exit_code[code]
+def mutated_sources(repo: Path = REPO) -> dict[str, Path]:
+    """Each mutated file by mutmut's name for it (`src/llmtrain/memory.py`), with its source."""
+    only = _mutmut_config(repo)["only_mutate"]
+    result: dict[str, Path] = {}
+    for name, path in PACKAGES.items():
+        source_root = repo / path.relative_to(REPO)
+        for source in sorted(source_root.rglob("*.py")):
+            relative = f"src/{name}/{source.relative_to(source_root)}"
+            if any(fnmatch.fnmatch(relative, p) for p in only):
+                result[relative] = source
     return result
 
 
+def pattern_digest(source: str, patterns: list[str]) -> str:
+    """The do_not_mutate_patterns that match a line of `source`: mutmut numbers a function's
+    mutants in order, so a pattern added, removed or changed there shifts the numbers after it."""
+    lines = source.splitlines()
+    matching = sorted(p for p in patterns if any(re.search(p, line) for line in lines))
+    return hashlib.sha256(json.dumps(matching).encode()).hexdigest()[:16]
+
+
+def pattern_digests(repo: Path = REPO) -> dict[str, str]:
+    patterns = _mutmut_config(repo).get("do_not_mutate_patterns", [])
+    return {name: pattern_digest(path.read_text(), patterns) for name, path in mutated_sources(repo).items()}
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """`llmtrain.memory.x_plan__mutmut_12` -> (`x_plan`, `12`), the function as mutmut's .meta
+    names it in hash_by_function_name, and the mutant's number within it."""
+    function, _, number = key.rpartition("__mutmut_")
+    return function.rpartition(".")[2], number
+
+
+def module_of(key: str) -> str:
+    """`llmtrain.memory.x_plan__mutmut_12` -> `llmtrain.memory` (a method's is `xǁClassǁname`)."""
+    parts = key.rpartition("__mutmut_")[0].split(".")
+    while parts and not parts[-1].startswith(("x_", "xǁ")):
+        parts.pop()
+    return ".".join(parts[:-1])
+
+
+def status(code: int | None) -> str:
+    from mutmut.stats import status_by_exit_code
+
+    return str(status_by_exit_code[code])
+
+
+# The .meta files: mutmut's name for the mutated file -> its parsed JSON.
+Metas = dict[str, dict[str, Any]]
+
+
+def load_metas(mutants: Path) -> Metas:
+    return {
+        str(meta.relative_to(mutants))[: -len(".meta")]: json.loads(meta.read_text())
+        for meta in sorted((mutants / "src").rglob("*.py.meta"))
+    }
+
+
+def save_metas(metas: Metas, names: set[str], mutants: Path) -> None:
+    for name in names:
+        (mutants / f"{name}.meta").write_text(json.dumps(metas[name], indent=4))
+
+
+def forget_survivors(metas: Metas) -> set[str]:
+    """Clear every verdict that is neither killed nor unrun, so that it is tested again; returns
+    the files changed."""
+    changed = set()
+    for name, meta in metas.items():
+        for key, code in meta["exit_code_by_key"].items():
+            if code is not None and status(code) not in KILLED | NOT_RUN:
+                meta["exit_code_by_key"][key] = None
+                changed.add(name)
+    return changed
+
+
+def restore(
+    store: dict[str, Any], metas: Metas, tests: str, patterns: dict[str, str]
+) -> tuple[int, set[str]]:
+    """Fill the mutants of `metas` that have no verdict from the store, where the file's patterns
+    and the function's hash are the store's; survivors only when the tests are the store's too.
+    Returns the number restored and the files changed."""
+    same_tests = store.get("tests") == tests
+    restored, changed = 0, set()
+    for name, meta in metas.items():
+        entry = store.get("files", {}).get(name)
+        if entry is None or entry["patterns"] != patterns.get(name):
+            continue
+        hashes = meta["hash_by_function_name"]
+        codes = meta["exit_code_by_key"]
+        for key, code in codes.items():
+            function, number = split_key(key)
+            stored = entry["functions"].get(function)
+            if code is not None or stored is None or stored["hash"] != hashes.get(function):
+                continue
+            verdict = stored["exit_codes"].get(number)
+            if verdict is not None and (same_tests or status(verdict) in KILLED):
+                codes[key] = verdict
+                restored += 1
+                changed.add(name)
+    return restored, changed
+
+
+def export(metas: Metas, tests: str, patterns: dict[str, str]) -> dict[str, Any]:
+    """The store for `metas`: each function's hash and the exit codes of its judged mutants."""
+    files: dict[str, Any] = {}
+    for name, meta in sorted(metas.items()):
+        functions: dict[str, Any] = {}
+        for key, code in meta["exit_code_by_key"].items():
+            function, number = split_key(key)
+            digest = meta["hash_by_function_name"].get(function)
+            if code is None or digest is None or status(code) in NOT_RUN:
+                continue
+            functions.setdefault(function, {"hash": digest, "exit_codes": {}})["exit_codes"][number] = code
+        if functions and name in patterns:
+            files[name] = {"patterns": patterns[name], "functions": functions}
+    return {"format": 1, "tests": tests, "files": files}
+
+
+def store_text(store: dict[str, Any]) -> str:
+    """Sorted, one function a line, so that a diff shows which functions' verdicts changed."""
+
+    def dump(value: object) -> str:
+        return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+    lines = ["{", f' "format": {dump(store["format"])},', f' "tests": {dump(store["tests"])},', ' "files": {']
+    files = sorted(store["files"].items())
+    for i, (name, entry) in enumerate(files):
+        lines.append(f"  {dump(name)}: {{")
+        lines.append(f'   "patterns": {dump(entry["patterns"])},')
+        lines.append('   "functions": {')
+        functions = sorted(entry["functions"].items())
+        for j, (function, data) in enumerate(functions):
+            codes = {n: data["exit_codes"][n] for n in sorted(data["exit_codes"], key=int)}
+            body = f'{{"hash": {dump(data["hash"])}, "exit_codes": {json.dumps(codes)}}}'
+            lines.append(f"    {dump(function)}: {body}" + ("," if j < len(functions) - 1 else ""))
+        lines.append("   }")
+        lines.append("  }" + ("," if i < len(files) - 1 else ""))
+    lines += [" }", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def read_store(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {"format": 1, "tests": "", "files": {}}
+    store: dict[str, Any] = json.loads(path.read_text())
+    return store
+
+
+def write_store(store: dict[str, Any], path: Path) -> None:
+    text = store_text(store)
+    if not path.exists() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+# Run in .mutate/: mutmut's own first step of `mutmut run`, generating every mutant (a file whose
+# copy is newer than its source is kept), without its tests. mutmut drops every verdict when the
+# test settings in its stats differ from the config: the stats go instead (it then collects them
+# again, as it would), so that the verdicts restored from the store stand.
+GENERATE = """
+import json, sys
+from pathlib import Path
+from mutmut.__main__ import (copy_also_copy_files, copy_src_dir, create_mutants, setup_source_paths,
+    store_lines_covered_by_tests)
+from mutmut.configuration import config
+from mutmut.mutation.trampoline import set_mutant_under_test
+set_mutant_under_test("mutant_generation")
+copy_src_dir()
+copy_also_copy_files()
+setup_source_paths()
+store_lines_covered_by_tests()
+create_mutants(int(sys.argv[1]))
+stats = Path("mutants/mutmut-stats.json")
+if stats.exists():
+    if json.loads(stats.read_text()).get("config_fingerprint") != config().config_fingerprint():
+        stats.unlink()
+"""
+
+
+def generate(max_children: int) -> None:
+    """Make every mutant, dropping first the copies of files whose patterns changed since."""
+    patterns = pattern_digests()
+    seen = json.loads(PATTERNS_SEEN.read_text()) if PATTERNS_SEEN.exists() else {}
+    for name, digest in patterns.items():
+        if seen.get(name) != digest:
+            for suffix in ("", ".meta", ".spans"):
+                (MUTANTS / f"{name}{suffix}").unlink(missing_ok=True)
+    subprocess.run(
+        [sys.executable, "-c", GENERATE, str(max_children)], cwd=STAGE, check=True, stdout=subprocess.DEVNULL
+    )
+    PATTERNS_SEEN.write_text(json.dumps(patterns, indent=1, sort_keys=True))
+
+
 def mutmut(*args: str) -> None:
-    """Run mutmut in the stage, at low priority: mutation runs share the machine."""
-    command = [sys.executable, "-m", "mutmut", *args]
-    subprocess.run(command, cwd=STAGE, check=True)
+    """`mutmut run` in the stage. Interrupted (Ctrl-C, or SIGTERM turned into KeyboardInterrupt by
+    main), it gets one SIGINT (in a session of its own, a terminal's Ctrl-C does not reach it twice):
+    mutmut stops its workers, and its .meta files keep every verdict so far."""
+    process = subprocess.Popen([sys.executable, "-m", "mutmut", *args], cwd=STAGE, start_new_session=True)
+    try:
+        code = process.wait()
+    except BaseException:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        raise
+    if code:
+        raise subprocess.CalledProcessError(code, process.args)
 
 
-def main() -> int:
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="*", help="mutant-name globs to (re)run; all by default")
+    parser.add_argument(
+        "names", nargs="*", help="mutant-name globs to run (those without a verdict); all by default"
+    )
     parser.add_argument("--max-children", type=int, default=1)
     parser.add_argument("--threshold", type=float, default=90.0)
-    parser.add_argument("--report-only", action="store_true", help="print the score of the last runs")
-    options = parser.parse_args()
+    parser.add_argument("--again", action="store_true", help="test the mutants matching the globs again")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="restore the store, save it back and print the score, run nothing",
+    )
+    options = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
 
     stage()
-    if not options.report_only:
-        children = ("--max-children", str(options.max_children))
-        mutmut("run", *children, *options.names)
-        digest_file = STAGE / "tests.sha256"
-        digest = _tests_digest()
-        if digest_file.exists() and digest_file.read_text() != digest and not options.names:
-            survivors = [n for n, s in verdicts().items() if s in {"survived", "no tests"}]
-            if survivors:
-                print(f"tests/ changed: testing the {len(survivors)} survivors again")
-                mutmut("run", *children, *survivors)
-        digest_file.write_text(digest)
+    generate(options.max_children)
+    metas = load_metas(MUTANTS)
+    tests = _tests_digest()
+    patterns = pattern_digests()
+    changed: set[str] = set()
+    if TESTS_SEEN.exists() and TESTS_SEEN.read_text() != tests:
+        changed |= forget_survivors(metas)
+    restored, restored_in = restore(read_store(STORE), metas, tests, patterns)
+    changed |= restored_in
+    selected = {
+        key
+        for meta in metas.values()
+        for key in meta["exit_code_by_key"]
+        if not options.names or any(fnmatch.fnmatch(key, glob) for glob in options.names)
+    }
+    if options.again:
+        for name, meta in metas.items():
+            for key in meta["exit_code_by_key"].keys() & selected:
+                meta["exit_code_by_key"][key] = None
+                changed.add(name)
+    save_metas(metas, changed, MUTANTS)
+    TESTS_SEEN.write_text(tests)
+    todo = sorted(
+        k
+        for meta in metas.values()
+        for k, code in meta["exit_code_by_key"].items()
+        if k in selected and code is None
+    )
+    print(f"restored {restored} verdicts from {STORE.name}; {len(todo)} mutants to test")
+    try:
+        if todo and not options.report_only:
+            # Named, mutmut tests a mutant even if it has a verdict; unnamed, every one without.
+            mutmut("run", "--max-children", str(options.max_children), *(todo if options.names else []))
+    finally:
+        write_store(export(load_metas(MUTANTS), tests, patterns), STORE)
 
-    status = verdicts()
-    judged = {n: s for n, s in status.items() if s not in NOT_RUN}
+    status_by_name = {
+        k: status(code)
+        for meta in load_metas(MUTANTS).values()
+        for k, code in meta["exit_code_by_key"].items()
+    }
+    judged = {n: s for n, s in status_by_name.items() if s not in NOT_RUN}
     killed = sum(s in KILLED for s in judged.values())
     for name, verdict in sorted(judged.items()):
         if verdict not in KILLED:
             print(f"{verdict}: {name}")
+    by_module: dict[str, list[str]] = {}
+    for name, verdict in status_by_name.items():
+        by_module.setdefault(module_of(name), []).append(verdict)
+    for module, statuses in sorted(by_module.items()):
+        done = [s for s in statuses if s not in NOT_RUN]
+        dead = sum(s in KILLED for s in done)
+        share = f"{100.0 * dead / len(done):.1f}" if done else "-"
+        print(f"{module}: mutants={len(statuses)} judged={len(done)} killed={dead} score={share}")
     score = 100.0 * killed / len(judged) if judged else 0.0
-    not_run = len(status) - len(judged)
-    print(f"mutants={len(status)} judged={len(judged)} killed={killed} not_run={not_run}")
+    not_run = len(status_by_name) - len(judged)
+    print(f"mutants={len(status_by_name)} judged={len(judged)} killed={killed} not_run={not_run}")
     print(f"mutation_score={score:.1f}")
     return 0 if score >= options.threshold and not not_run else 1
 

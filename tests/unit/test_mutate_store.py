@@ -1,0 +1,183 @@
+"""hack/mutate.py's committed verdict store (tests/mutation/verdicts.json): what a fresh `.mutate/`
+gets back from it, what it refuses, and that a run writes it back, also when interrupted."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.kuberay import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "hack"))
+import mutate
+
+FILE = "src/llmtrain/memory.py"
+KILLED, SURVIVED, TIMEOUT = 1, 0, 36
+TESTS = "tests-digest"
+PATTERNS = {FILE: "patterns-digest"}
+
+
+def _meta(codes: dict[str, int | None], hashes: dict[str, str]) -> dict[str, Any]:
+    """A .meta as mutmut writes it, for mutants named after `memory.py`'s functions."""
+    return {
+        "exit_code_by_key": {f"llmtrain.memory.{key}": code for key, code in codes.items()},
+        "hash_by_function_name": hashes,
+        "type_check_error_by_key": {},
+        "durations_by_key": {},
+        "estimated_durations_by_key": {},
+    }
+
+
+def _codes(metas: mutate.Metas) -> dict[str, int | None]:
+    return {k.rpartition(".")[2]: v for k, v in metas[FILE]["exit_code_by_key"].items()}
+
+
+def _judged() -> mutate.Metas:
+    """`plan` with a killed mutant and a survivor, `fits` with one killed by the time limit."""
+    codes = {"x_plan__mutmut_1": KILLED, "x_plan__mutmut_2": SURVIVED, "x_fits__mutmut_1": TIMEOUT}
+    return {FILE: _meta(codes, {"x_plan": "aaa", "x_fits": "bbb"})}
+
+
+def _fresh(plan_hash: str = "aaa") -> mutate.Metas:
+    """The same mutants just generated in a fresh `.mutate/`: no verdicts."""
+    codes: dict[str, int | None] = dict.fromkeys(_codes(_judged()))
+    return {FILE: _meta(codes, {"x_plan": plan_hash, "x_fits": "bbb"})}
+
+
+def _store() -> dict[str, Any]:
+    return mutate.export(_judged(), TESTS, PATTERNS)
+
+
+def test_restores_the_verdicts_of_unchanged_functions() -> None:
+    metas = _fresh()
+    assert mutate.restore(_store(), metas, TESTS, PATTERNS) == (3, {FILE})
+    assert _codes(metas) == _codes(_judged())
+
+
+def test_a_function_whose_source_changed_is_tested_again() -> None:
+    metas = _fresh(plan_hash="ccc")
+    assert mutate.restore(_store(), metas, TESTS, PATTERNS)[0] == 1
+    assert _codes(metas) == {"x_plan__mutmut_1": None, "x_plan__mutmut_2": None, "x_fits__mutmut_1": TIMEOUT}
+
+
+def test_a_file_whose_patterns_changed_is_tested_again() -> None:
+    metas = _fresh()
+    assert mutate.restore(_store(), metas, TESTS, {FILE: "other"}) == (0, set())
+    assert set(_codes(metas).values()) == {None}
+
+
+def test_pattern_digest_follows_the_patterns_that_match_a_line() -> None:
+    source = "def f(x):\n    return -1, -1\n"
+    matching, other = r"^\s*return -1, -1$", r"^\s*eps=1e-8,$"
+    assert mutate.pattern_digest(source, [matching]) == mutate.pattern_digest(source, [matching, other])
+    assert mutate.pattern_digest(source, [matching]) != mutate.pattern_digest(source, [])
+    assert mutate.pattern_digest(source, [matching]) != mutate.pattern_digest(source, [r"return -1"])
+
+
+def test_survivors_are_tested_again_when_the_tests_changed() -> None:
+    metas = _fresh()
+    mutate.restore(_store(), metas, "new-tests", PATTERNS)
+    assert _codes(metas) == {
+        "x_plan__mutmut_1": KILLED,
+        "x_plan__mutmut_2": None,
+        "x_fits__mutmut_1": TIMEOUT,
+    }
+    local = _judged()
+    assert mutate.forget_survivors(local) == {FILE}
+    assert _codes(local) == _codes(metas)
+
+
+def test_the_tests_digest_covers_the_tests_and_their_selection(tmp_path: Path) -> None:
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_x.py").write_text("x = 1\n")
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('[tool.mutmut]\npytest_add_cli_args_test_selection = ["tests/test_x.py"]\n')
+    first = mutate._tests_digest(tmp_path)
+    (tmp_path / "tests" / "verdicts.json").write_text("{}")
+    assert mutate._tests_digest(tmp_path) == first
+    pyproject.write_text('[tool.mutmut]\npytest_add_cli_args_test_selection = ["tests/test_y.py"]\n')
+    assert mutate._tests_digest(tmp_path) != first
+    pyproject.write_text('[tool.mutmut]\npytest_add_cli_args_test_selection = ["tests/test_x.py"]\n')
+    (tmp_path / "tests" / "test_x.py").write_text("x = 2\n")
+    assert mutate._tests_digest(tmp_path) != first
+
+
+def test_the_store_round_trips_through_its_text(tmp_path: Path) -> None:
+    path = tmp_path / "verdicts.json"
+    mutate.write_store(_store(), path)
+    text = path.read_text()
+    assert mutate.read_store(path) == _store()
+    assert mutate.store_text(json.loads(text)) == text
+    # One function a line: a diff names the functions whose verdicts changed.
+    assert '    "x_plan": {"hash": "aaa", "exit_codes": {"1": 1, "2": 0}}' in text.splitlines()
+    metas = _fresh()
+    mutate.restore(mutate.read_store(path), metas, TESTS, PATTERNS)
+    assert _codes(metas) == _codes(_judged())
+
+
+def test_unrun_mutants_are_not_stored() -> None:
+    metas = _judged()
+    metas[FILE]["exit_code_by_key"]["llmtrain.memory.x_plan__mutmut_2"] = None
+    metas[FILE]["exit_code_by_key"]["llmtrain.memory.x_fits__mutmut_1"] = 2  # interrupted
+    assert mutate.export(metas, TESTS, PATTERNS)["files"][FILE]["functions"] == {
+        "x_plan": {"hash": "aaa", "exit_codes": {"1": KILLED}}
+    }
+
+
+@pytest.fixture
+def stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """hack/mutate.py's main with its stage in tmp_path and mutmut's generation faked: it writes
+    `_fresh()`'s .meta, as mutmut does in a fresh `.mutate/`."""
+    mutants = tmp_path / "mutants"
+    monkeypatch.setattr(mutate, "STAGE", tmp_path)
+    monkeypatch.setattr(mutate, "MUTANTS", mutants)
+    monkeypatch.setattr(mutate, "STORE", tmp_path / "verdicts.json")
+    monkeypatch.setattr(mutate, "TESTS_SEEN", tmp_path / "tests.sha256")
+    monkeypatch.setattr(mutate, "stage", lambda: None)
+    monkeypatch.setattr(mutate, "pattern_digests", lambda: PATTERNS)
+    monkeypatch.setattr(mutate, "_tests_digest", lambda: TESTS)
+
+    def generate(max_children: int) -> None:
+        (mutants / "src/llmtrain").mkdir(parents=True)
+        (mutants / f"{FILE}.meta").write_text(json.dumps(_fresh()[FILE]))
+
+    monkeypatch.setattr(mutate, "generate", generate)
+    return tmp_path
+
+
+def test_a_fresh_stage_with_the_store_tests_nothing(
+    stage: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mutate.write_store(_store(), stage / "verdicts.json")
+
+    def mutmut(*args: str) -> None:
+        raise AssertionError(f"mutmut {args}")
+
+    monkeypatch.setattr(mutate, "mutmut", mutmut)
+    assert mutate.main(["--threshold", "60"]) == 0
+    out = capsys.readouterr().out
+    assert "restored 3 verdicts" in out
+    assert "survived: llmtrain.memory.x_plan__mutmut_2" in out
+    assert "llmtrain.memory: mutants=3 judged=3 killed=2 score=66.7" in out
+    assert "mutation_score=66.7" in out
+    assert mutate.read_store(stage / "verdicts.json") == _store()
+
+
+def test_an_interrupted_run_stores_the_verdicts_so_far(stage: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def mutmut(*args: str) -> None:
+        assert args == ("run", "--max-children", "1", "llmtrain.memory.x_plan__mutmut_1")
+        meta = stage / "mutants" / f"{FILE}.meta"
+        data = json.loads(meta.read_text())
+        data["exit_code_by_key"]["llmtrain.memory.x_plan__mutmut_1"] = KILLED
+        meta.write_text(json.dumps(data))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mutate, "mutmut", mutmut)
+    with pytest.raises(KeyboardInterrupt):
+        mutate.main(["llmtrain.memory.x_plan__mutmut_1"])
+    stored = mutate.read_store(stage / "verdicts.json")["files"][FILE]["functions"]
+    assert stored == {"x_plan": {"hash": "aaa", "exit_codes": {"1": KILLED}}}
