@@ -12,8 +12,6 @@ the mirror has written meanwhile. Not on a first try that created every earlier 
 
 from __future__ import annotations
 
-import collections
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -38,7 +36,7 @@ from llmtrain.operator.kube import ApiError, Kube
 from llmtrain.operator.metrics import ERRORS, PHASE_BOOK, RECONCILE_SECONDS
 from llmtrain.operator.reporter import REPORTER_RBAC
 from llmtrain.operator.reporting import JOB_RESOURCE, job_key, mark_finished, report
-from llmtrain.operator.serial import JOB_LOCKS
+from llmtrain.operator.serial import JOB_LOCKS, Recent
 from llmtrain.operator.status import (
     AUTH_UNSUPPORTED,
     KUEUE_DEACTIVATED,
@@ -64,20 +62,11 @@ class TriedJobs:
     every create would conflict. Forgetting an old uid only costs that job a conflict per child."""
 
     def __init__(self, capacity: int = 20_000) -> None:
-        self._capacity = capacity
-        self._uids: collections.OrderedDict[str, None] = collections.OrderedDict()
-        self._guard = threading.Lock()
+        self._uids: Recent[None] = Recent(capacity)
 
     def first(self, uid: str) -> bool:
         """True the first time `uid` is seen (and from then on remembered)."""
-        with self._guard:
-            if uid in self._uids:
-                self._uids.move_to_end(uid)
-                return False
-            self._uids[uid] = None
-            if len(self._uids) > self._capacity:
-                self._uids.popitem(last=False)
-            return True
+        return self._uids.put(uid, None)
 
 
 TRIED = TriedJobs()

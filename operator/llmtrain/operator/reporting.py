@@ -10,13 +10,11 @@ here too (`mark_finished`), which keeps it out of the resync's lists.
 
 from __future__ import annotations
 
-import collections
 import datetime
 import hashlib
 import json
 import logging
 import socket
-import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,6 +29,7 @@ from llmtrain.constants import (
 )
 from llmtrain.operator.kube import RESOURCES, ApiError, Kube, Resource
 from llmtrain.operator.metrics import PHASE_BOOK
+from llmtrain.operator.serial import Recent
 from llmtrain.operator.status import (
     Announcement,
     Outcome,
@@ -73,26 +72,17 @@ class MirroredFrom:
     look mirror from the RayJob as it is, whatever this says."""
 
     def __init__(self, capacity: int = 20_000) -> None:
-        self._capacity = capacity
-        self._digests: collections.OrderedDict[str, bytes] = collections.OrderedDict()
-        self._guard = threading.Lock()
+        self._digests: Recent[bytes] = Recent(capacity)
 
     def note(self, job_uid: str, rayjob: Mapping[str, Any]) -> None:
-        digest = rayjob_digest(rayjob)
-        with self._guard:
-            self._digests[job_uid] = digest
-            self._digests.move_to_end(job_uid)
-            if len(self._digests) > self._capacity:
-                self._digests.popitem(last=False)
+        self._digests.put(job_uid, rayjob_digest(rayjob))
 
     def forget(self, job_uid: str) -> None:
-        with self._guard:
-            self._digests.pop(job_uid, None)
+        self._digests.forget(job_uid)
 
     def same(self, job_uid: str, rayjob: Mapping[str, Any]) -> bool:
         """Whether the job's status was last derived from this very RayJob state."""
-        with self._guard:
-            known = self._digests.get(job_uid)
+        known = self._digests.get(job_uid)
         return known is not None and known == rayjob_digest(rayjob)
 
     def __len__(self) -> int:

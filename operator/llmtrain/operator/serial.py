@@ -9,9 +9,13 @@ waits for it, so the table stays as small as the number of jobs being worked on.
 
 from __future__ import annotations
 
+import collections
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Generic, TypeVar
+
+V = TypeVar("V")
 
 
 class JobLocks:
@@ -42,3 +46,35 @@ class JobLocks:
 
 
 JOB_LOCKS = JobLocks()
+
+
+class Recent(Generic[V]):
+    """What this process remembers per job (by uid) across handler threads, for the most recent
+    `capacity` jobs: the oldest is forgotten first, and forgetting one only costs it a request."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._items: collections.OrderedDict[str, V] = collections.OrderedDict()
+        self._guard = threading.Lock()
+
+    def put(self, key: str, value: V) -> bool:
+        """Remember `value` for `key`, now the most recent; True if `key` was not remembered."""
+        with self._guard:
+            new = key not in self._items
+            self._items[key] = value
+            self._items.move_to_end(key)
+            if len(self._items) > self._capacity:
+                self._items.popitem(last=False)
+            return new
+
+    def get(self, key: str) -> V | None:
+        with self._guard:
+            return self._items.get(key)
+
+    def forget(self, key: str) -> None:
+        with self._guard:
+            self._items.pop(key, None)
+
+    def __len__(self) -> int:
+        with self._guard:
+            return len(self._items)
