@@ -80,7 +80,7 @@ def stage() -> None:
     MUTANTS.mkdir(exist_ok=True)
     # mutmut takes a copy newer than its source for an up-to-date mutant file, so a module added to
     # only_mutate after a run would stay unmutated: its plain copy (no .meta) is dropped.
-    only = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mutmut"]["only_mutate"]
+    only = _mutmut_config()["only_mutate"]
     for copy in (MUTANTS / "src").rglob("*.py"):
         relative = str(copy.relative_to(MUTANTS))
         if any(fnmatch.fnmatch(relative, p) for p in only) and not Path(f"{copy}.meta").exists():
@@ -296,9 +296,9 @@ if stats.exists():
 """
 
 
-def generate(max_children: int) -> None:
-    """Make every mutant, dropping first the copies of files whose patterns changed since."""
-    patterns = pattern_digests()
+def generate(max_children: int, patterns: dict[str, str]) -> None:
+    """Make every mutant, dropping first the copies of files whose patterns (`pattern_digests`)
+    changed since."""
     seen = json.loads(PATTERNS_SEEN.read_text()) if PATTERNS_SEEN.exists() else {}
     for name, digest in patterns.items():
         if seen.get(name) != digest:
@@ -350,10 +350,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
 
     stage()
-    generate(options.max_children)
+    patterns = pattern_digests()
+    generate(options.max_children, patterns)
     metas = load_metas(MUTANTS)
     tests = _tests_digest()
-    patterns = pattern_digests()
     changed: set[str] = set()
     if TESTS_SEEN.exists() and TESTS_SEEN.read_text() != tests:
         changed |= forget_survivors(metas)

@@ -141,7 +141,7 @@ def stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(mutate, "pattern_digests", lambda: PATTERNS)
     monkeypatch.setattr(mutate, "_tests_digest", lambda: TESTS)
 
-    def generate(max_children: int) -> None:
+    def generate(max_children: int, patterns: dict[str, str]) -> None:
         (mutants / "src/llmtrain").mkdir(parents=True)
         (mutants / f"{FILE}.meta").write_text(json.dumps(_fresh()[FILE]))
 
