@@ -318,6 +318,10 @@ def mutmut(*args: str) -> None:
     try:
         code = process.wait()
     except BaseException:
+        # A second Ctrl-C or SIGTERM (`pkill` reaches a `timeout` wrapper and this script alike)
+        # must not cut short mutmut's stop: its .meta files hold the verdicts.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         process.send_signal(signal.SIGINT)
         try:
             process.wait(timeout=60)
@@ -379,10 +383,13 @@ def main(argv: list[str] | None = None) -> int:
         if k in selected and code is None
     )
     print(f"restored {restored} verdicts from {STORE.name}; {len(todo)} mutants to test")
+    interrupted = False
     try:
         if todo and not options.report_only:
             # Named, mutmut tests a mutant even if it has a verdict; unnamed, every one without.
             mutmut("run", "--max-children", str(options.max_children), *(todo if options.names else []))
+    except KeyboardInterrupt:
+        interrupted = True
     finally:
         write_store(export(load_metas(MUTANTS), tests, patterns), STORE)
 
@@ -408,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     not_run = len(status_by_name) - len(judged)
     print(f"mutants={len(status_by_name)} judged={len(judged)} killed={killed} not_run={not_run}")
     print(f"mutation_score={score:.1f}")
+    if interrupted:
+        print(f"interrupted: the verdicts so far are kept in {STORE.name}; run again to go on")
+        return 130
     return 0 if score >= options.threshold and not not_run else 1
 
 

@@ -80,12 +80,12 @@ class Shape:
                 num_heads=heads,
                 num_kv_heads=int(config.get("num_key_value_heads") or heads),
                 head_dim=int(config.get("head_dim") or hidden // heads),
-                tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+                tied_embeddings=bool(config.get("tie_word_embeddings")),
                 # Llama-style configs bias all four projections with attention_bias; Qwen2 always
                 # biases q, k and v and never o.
                 qkv_bias=bool(config.get("attention_bias")) or config.get("model_type") == "qwen2",
                 output_bias=bool(config.get("attention_bias")),
-                mlp_bias=bool(config.get("mlp_bias", False)),
+                mlp_bias=bool(config.get("mlp_bias")),
             )
         except (KeyError, TypeError, ValueError, ZeroDivisionError):
             return None
@@ -113,13 +113,12 @@ class Shape:
     def block_parameters(self) -> int:
         """One block: its projections (and their biases) and two norms."""
         shapes = self.linear_shapes()
-        biases = 0
-        if self.qkv_bias:
-            biases += sum(shapes[name][1] for name in ("q_proj", "k_proj", "v_proj"))
-        if self.output_bias:
-            biases += shapes["o_proj"][1]
-        if self.mlp_bias:
-            biases += sum(shapes[name][1] for name in ("gate_proj", "up_proj", "down_proj"))
+        biased = [
+            *(("q_proj", "k_proj", "v_proj") if self.qkv_bias else ()),
+            *(("o_proj",) if self.output_bias else ()),
+            *(("gate_proj", "up_proj", "down_proj") if self.mlp_bias else ()),
+        ]
+        biases = sum(shapes[name][1] for name in biased)
         return sum(i * o for i, o in shapes.values()) + biases + 2 * self.hidden_size
 
     def lora_parameters(self, rank: int, target_modules: list[str]) -> int:
@@ -282,11 +281,13 @@ def device_memory_bytes(resources: ResourcesSpec) -> int | None:
     mig = re.fullmatch(r"nvidia\.com/mig-\d+g\.(\d+)gb", resources.gpu_resource_name)
     if mig:
         return int(mig.group(1)) * GIB
-    label = resources.accelerator_type or ""
+    label = resources.accelerator_type
+    if label is None:
+        return None
     known = KNOWN_ACCELERATORS.get(resources.accelerator_label_key, {})
     if label in known:
         return known[label] * GIB
-    sized = _SIZE_IN_LABEL.search(label.replace("-", " "))
+    sized = _SIZE_IN_LABEL.search(label)
     if sized:
         return int(sized.group(1)) * GIB
     for name, size in DEVICE_GIB_BY_PRODUCT.items():
@@ -312,7 +313,7 @@ def estimate(
     """Per-device bytes of `plan`. `config` (a Hugging Face config) overrides `model.config`;
     `counted` is the parameter count of the model built on the meta device, where one was built."""
     config = config if config is not None else plan.model.config
-    shape = Shape.from_config(config) if config is not None else None
+    shape = Shape.from_config(config or {})  # an empty config has no shape
     if counted is not None:
         total, source = counted, "the model built on the meta device"
     elif shape is not None:

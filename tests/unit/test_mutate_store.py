@@ -167,7 +167,9 @@ def test_a_fresh_stage_with_the_store_tests_nothing(
     assert mutate.read_store(stage / "verdicts.json") == _store()
 
 
-def test_an_interrupted_run_stores_the_verdicts_so_far(stage: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_interrupted_run_stores_the_verdicts_so_far_and_reports_them(
+    stage: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     def mutmut(*args: str) -> None:
         assert args == ("run", "--max-children", "1", "llmtrain.memory.x_plan__mutmut_1")
         meta = stage / "mutants" / f"{FILE}.meta"
@@ -177,7 +179,8 @@ def test_an_interrupted_run_stores_the_verdicts_so_far(stage: Path, monkeypatch:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(mutate, "mutmut", mutmut)
-    with pytest.raises(KeyboardInterrupt):
-        mutate.main(["llmtrain.memory.x_plan__mutmut_1"])
+    assert mutate.main(["llmtrain.memory.x_plan__mutmut_1"]) == 130
+    out = capsys.readouterr().out
+    assert "mutants=3 judged=1 killed=1 not_run=2" in out and "interrupted: the verdicts so far" in out
     stored = mutate.read_store(stage / "verdicts.json")["files"][FILE]["functions"]
     assert stored == {"x_plan": {"hash": "aaa", "exit_codes": {"1": KILLED}}}
