@@ -26,6 +26,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )
 
 
+@pytest.hookimpl(trylast=True)  # after --durations: in the lane's last lines, which make test prints
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """How long this session's tests waited for `make test`'s background builds (tests/support/builds.py)."""
     from tests.support import builds
