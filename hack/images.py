@@ -37,6 +37,7 @@ import tempfile
 import threading
 import time
 import zipfile
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -232,7 +233,8 @@ def stage_fabric_source(root: Path = REPO_ROOT) -> bool:
 # ----------------------------------------------------------------------------------- building
 
 
-_chain = threading.local()  # .prefix: "[name] " in a chain that builds beside another
+_chain = threading.local()  # .prefix: "[name] " beside another chain; .tail: its last lines
+TAIL_LINES = 30
 _say_lock = threading.Lock()
 
 
@@ -241,6 +243,8 @@ def _say(line: str) -> None:
     with _say_lock:
         sys.stdout.write(f"{getattr(_chain, 'prefix', '')}{line}\n")
         sys.stdout.flush()
+    if (tail := getattr(_chain, "tail", None)) is not None:
+        tail.append(line)
 
 
 def _run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
@@ -533,10 +537,12 @@ def ensure_all(names: list[str]) -> dict[str, tuple[Path | BaseException, float]
     """`ensure` each image in a thread of its own, side by side: (its archive, or what it raised;
     the seconds it took) in the order named. A failed chain does not stop the others."""
     results: dict[str, tuple[Path | BaseException, float]] = {}
+    tails: dict[str, deque[str]] = {}
 
     def chain(name: str) -> None:
         if len(names) > 1:
             _chain.prefix = f"[{name}] "
+        _chain.tail = tails[name] = deque(maxlen=TAIL_LINES)
         started = time.monotonic()
         try:
             outcome: Path | BaseException = ensure(name)
@@ -550,6 +556,11 @@ def ensure_all(names: list[str]) -> dict[str, tuple[Path | BaseException, float]
         thread.start()
     for thread in threads:
         thread.join()
+    for name in names:
+        if not isinstance(results[name][0], Path) and len(names) > 1:
+            # Its lines may lie far above the other chain's: again, together, at the end.
+            print(f"----- {name} failed; its last lines -----", flush=True)
+            print("\n".join(tails[name]), flush=True)
     return {name: results[name] for name in names}
 
 

@@ -95,4 +95,7 @@ def test_a_failed_chain_fails_the_run_and_the_other_finishes(
     captured = capsys.readouterr()
     assert "[trainer] failed after" in captured.out and "CalledProcessError" in captured.out
     assert "operator: ghcr.io/" in captured.out
+    # The failed chain's last lines again, after the other chain's: unprefixed, together.
+    again = captured.out.split("----- trainer failed; its last lines -----\n")[1]
+    assert again.startswith("base cuda-devel\nbase cuda-runtime\nfailed after")
     assert "images.py: trainer failed" in captured.err
