@@ -24,9 +24,12 @@ def background(tmp_path: Path, command: str) -> Path:
     log = tmp_path / "build.log"
     makefile = tmp_path / "Makefile"
     makefile.write_text(f"include {REPO / 'Makefile'}\nstart:\n\t@$(call background,$(LOG),$(CMD))\n")
+    # Not the flags of a `make test` this runs under (its variables, its jobserver).
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     subprocess.run(
         ["make", "--no-print-directory", "-f", str(makefile), "start", f"LOG={log}", f"CMD={command}"],
         cwd=REPO,
+        env=env,
         check=True,
     )
     return log
