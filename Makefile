@@ -32,18 +32,21 @@ $(STAMP): pyproject.toml constraints.txt operator/llmtrain/constants.py
 
 install: $(STAMP) ## create .venv and install llmtrain with every extra
 
-test: prepare ## run every test tier (unit, real cluster, trainer, chart, e2e checks, real pods), in two lanes
-	$(PY) hack/run_tests.py $(PYTEST_ARGS)
-
 # On a cold machine Go compiles the cluster's binaries for 20-odd minutes (CPU) while the venv, the
 # Node.js tool and the images mostly wait on downloads (PyPI's torch, npm, Debian packages) and the
 # disk: so builds-start starts the Go build and the images first, in the background, as soon as the
 # Debian packages (apt, one at a time) are in and a bare venv can run build_tools.py and images.py
 # (stdlib and operator/ only; `--go` finds or installs go before anything else pips into the venv),
-# and the venv's install and the Node.js tool follow in the foreground. Each background step's
-# exit status lands in LOG.rc, and prepare waits for its process (LOG.pid): a failure (or no
-# status: killed) fails `prepare` with the log's tail. Warm, every step is a check (about a
-# second). The order matters, hence .NOTPARALLEL (make 4.3 has no per-target form).
+# and the venv's install and the Node.js tool follow in the foreground (test-ready). Each
+# background step's exit status lands in LOG.rc once its process (LOG.pid) ends. `make test` does
+# not wait for them: its lanes start once the venv is ready, with the logs' paths in
+# LLMTRAIN_TOOLS_LOG and LLMTRAIN_IMAGES_LOG, and a test that needs the binaries or the images
+# waits for that step where it uses them (tests/support/builds.py: the cluster and the test
+# servers for the tools, tests/images and tests/pods for the images), failing with the log's tail
+# if the step failed. After the lanes `make test` awaits both steps anyway, so that a failed build
+# fails it even when no test needed it. `make prepare` awaits both before it returns. A failure
+# (or no status: killed) fails with the log's tail. Warm, every step is a check (about a second).
+# The order matters, hence .NOTPARALLEL (make 4.3 has no per-target form).
 TOOLS_LOG ?= $(VENV)/tools-build.log
 IMAGES_LOG ?= $(VENV)/images-build.log
 # $(call background,LOG,COMMAND) and $(call await,LOG): one line of a recipe each.
@@ -51,7 +54,7 @@ background = rm -f $(1).rc; { $(2); echo $$? >$(1).rc; } >$(1) 2>&1 & echo $$! >
 await = while [ ! -s $(1).rc ] && kill -0 "$$(cat $(1).pid)" 2>/dev/null; do sleep 0.2; done; \
   if [ "$$(cat $(1).rc 2>/dev/null)" != 0 ]; then tail -50 $(1); echo "failed: see $(1)"; exit 1; fi
 .NOTPARALLEL:
-.PHONY: builds-start
+.PHONY: builds-start test-ready
 builds-start:
 	bash hack/install_node_deps.sh
 	@# A new venv gets its pip first: images.py's `pip download` must not run while pip is replaced.
@@ -62,10 +65,20 @@ builds-start:
 	@$(call background,$(TOOLS_LOG),$(PY) hack/tools/build_tools.py)
 	@$(call background,$(IMAGES_LOG),PYTHONPATH=operator $(PY) hack/images.py)
 
-prepare: builds-start $(STAMP) ## build the cluster's binaries (tools) and the images beside the venv's install and the Node.js tool, as `make test` does
+test-ready: builds-start $(STAMP)
 	$(PY) hack/node_tools/node_tools.py
+
+prepare: test-ready ## build the cluster's binaries (tools) and the images beside the venv's install and the Node.js tool, and wait for them
 	@$(call await,$(IMAGES_LOG)); tail -4 $(IMAGES_LOG)
 	@$(call await,$(TOOLS_LOG)); cat $(TOOLS_LOG)
+
+test: test-ready ## run every test tier (unit, real cluster, trainer, chart, e2e checks, real pods), in two lanes
+	@LLMTRAIN_TOOLS_LOG=$(abspath $(TOOLS_LOG)) LLMTRAIN_IMAGES_LOG=$(abspath $(IMAGES_LOG)) \
+	  $(PY) hack/run_tests.py $(PYTEST_ARGS); status=$$?; \
+	  echo "the background builds:"; \
+	  $(call await,$(IMAGES_LOG)); tail -4 $(IMAGES_LOG); \
+	  $(call await,$(TOOLS_LOG)); cat $(TOOLS_LOG); \
+	  exit $$status
 
 # 1 min 59.7 s on 2026-11-27 (load average 1.8-3.3, a nice-15 mutation run beside it; 2 min 39 s at
 # load 4.4-5.4), pytest 92 CPU-seconds, mypy

@@ -13,8 +13,10 @@ recipes: a second run, or another clone on the same machine, reuses it. buildah'
 (`--layers`, in /var/lib/containers) makes a code change rebuild only the small top layers.
 
 Usage: `python hack/images.py [operator|trainer ...]` builds what is missing and prints each
-archive with its size; other code calls `ensure(name)` (the archive) or `local_ref(name)` (the
-image in buildah's storage, for `buildah from`).
+archive with its size. Each image is a chain (its bases, then the image) and the chains build side
+by side, each line of their output prefixed with `[name]` (the operator's python base and image do
+not wait for the trainer's CUDA bases and its long build). Other code calls `ensure(name)` (the
+archive) or `local_ref(name)` (the image in buildah's storage, for `buildah from`).
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zipfile
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -229,9 +233,26 @@ def stage_fabric_source(root: Path = REPO_ROOT) -> bool:
 # ----------------------------------------------------------------------------------- building
 
 
+_chain = threading.local()  # .prefix: "[name] " beside another chain; .tail: its last lines
+TAIL_LINES = 30
+_say_lock = threading.Lock()
+
+
+def _say(line: str) -> None:
+    """Print one line, prefixed with the chain's name when chains build side by side."""
+    with _say_lock:
+        sys.stdout.write(f"{getattr(_chain, 'prefix', '')}{line}\n")
+        sys.stdout.flush()
+    if (tail := getattr(_chain, "tail", None)) is not None:
+        tail.append(line)
+
+
 def _run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
-    print("+", shlex.join(cmd), flush=True)
-    return subprocess.run(cmd, check=True, text=True, **kwargs)  # type: ignore[call-overload, no-any-return]
+    """Run a command: its output captured (capture_output=True), else printed line by line."""
+    if kwargs.get("capture_output"):
+        _say("+ " + shlex.join(cmd))
+        return subprocess.run(cmd, check=True, text=True, **kwargs)  # type: ignore[call-overload, no-any-return]
+    return subprocess.CompletedProcess(cmd, 0, build_teed(cmd, **kwargs))  # type: ignore[arg-type]
 
 
 def _quiet(cmd: list[str]) -> subprocess.CompletedProcess[str]:
@@ -248,14 +269,16 @@ def step_images(build_output: str) -> list[str]:
     return list(dict.fromkeys(found[:11] for found in _STEP_IMAGE.findall(build_output)))
 
 
-def build_teed(cmd: list[str], cwd: Path) -> str:
+def build_teed(cmd: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
     """Run a build, printing its output as it comes and returning it (for `step_images`)."""
-    print("+", shlex.join(cmd), flush=True)
+    _say("+ " + shlex.join(cmd))
     lines: list[str] = []
-    with subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+    with subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
-            print(line, end="", flush=True)
+            _say(line.rstrip("\n"))
             lines.append(line)
     if proc.returncode != 0:
         raise subprocess.CalledProcessError(proc.returncode, cmd, "".join(lines[-50:]))
@@ -287,6 +310,14 @@ def prune_step_images(images: list[str]) -> list[str]:
 
 def ensure_host_tools() -> None:
     """buildah and mmdebstrap are Debian packages: install them as root when missing."""
+    with _host_tools_lock:  # two chains may ask at once: one apt-get
+        _install_host_tools()
+
+
+_host_tools_lock = threading.Lock()
+
+
+def _install_host_tools() -> None:
     missing = [p for p in HOST_PACKAGES if not shutil.which(p)]
     if not missing:
         return
@@ -379,9 +410,7 @@ def ensure_base(name: str) -> str:
         started = time.monotonic()
         _build_base(name)
         _push(reference, archive, reference)
-    print(
-        f"base {name}: {time.monotonic() - started:.0f} s, {archive.stat().st_size / 1e6:.0f} MB", flush=True
-    )
+    _say(f"base {name}: {time.monotonic() - started:.0f} s, {archive.stat().st_size / 1e6:.0f} MB")
     return reference
 
 
@@ -430,9 +459,14 @@ def _trust_volumes(tmp: Path) -> list[str]:
 
 
 def _build(name: str, key: str) -> Path:
-    image = IMAGES[name]
-    for base in image.bases.values():
+    """The image's chain: its bases first, then the image."""
+    for base in IMAGES[name].bases.values():
         ensure_base(base)
+    return _build_image(name, key)
+
+
+def _build_image(name: str, key: str) -> Path:
+    image = IMAGES[name]
     if name == "trainer":
         stage_fabric_source()
         key = image_key(name)  # the archive in the context is part of the image
@@ -468,7 +502,7 @@ def _build(name: str, key: str) -> Path:
     }
     pruned = prune_step_images(superseded(previous, steps, kept))
     if pruned:
-        print(f"{name}: removed {len(pruned)} superseded step images from buildah's storage", flush=True)
+        _say(f"{name}: removed {len(pruned)} superseded step images from buildah's storage")
     record = {
         "ref": ref(name, key),
         "local": local,
@@ -479,7 +513,10 @@ def _build(name: str, key: str) -> Path:
         "build_args": args,
         "step_images": steps,
     }
-    _metadata_path(archive).write_text(json.dumps(record, indent=2) + "\n")
+    # Whole or not at all: the other chain's build reads it (`kept`) meanwhile.
+    partial = _metadata_path(archive).with_suffix(".json.partial")
+    partial.write_text(json.dumps(record, indent=2) + "\n")
+    partial.rename(_metadata_path(archive))
     return archive
 
 
@@ -494,6 +531,37 @@ def ensure(name: str) -> Path:
             return archive
         ensure_host_tools()
         return _build(name, key)
+
+
+def ensure_all(names: list[str]) -> dict[str, tuple[Path | BaseException, float]]:
+    """`ensure` each image in a thread of its own, side by side: (its archive, or what it raised;
+    the seconds it took) in the order named. A failed chain does not stop the others."""
+    results: dict[str, tuple[Path | BaseException, float]] = {}
+    tails: dict[str, deque[str]] = {}
+
+    def chain(name: str) -> None:
+        if len(names) > 1:
+            _chain.prefix = f"[{name}] "
+        _chain.tail = tails[name] = deque(maxlen=TAIL_LINES)
+        started = time.monotonic()
+        try:
+            outcome: Path | BaseException = ensure(name)
+        except BaseException as error:  # SystemExit too: reported, and main's status fails
+            outcome = error
+            _say(f"failed after {time.monotonic() - started:.0f} s: {type(error).__name__}: {error}")
+        results[name] = (outcome, time.monotonic() - started)
+
+    threads = [threading.Thread(target=chain, args=(name,), name=name, daemon=True) for name in names]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for name in names:
+        if not isinstance(results[name][0], Path) and len(names) > 1:
+            # Its lines may lie far above the other chain's: again, together, at the end.
+            print(f"----- {name} failed; its last lines -----", flush=True)
+            print("\n".join(tails[name]), flush=True)
+    return {name: results[name] for name in names}
 
 
 def local_ref(name: str) -> str:
@@ -515,9 +583,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(options.names) - set(IMAGES)
     if unknown:
         parser.error(f"unknown image {', '.join(sorted(unknown))}; known: {', '.join(IMAGES)}")
-    for name in options.names or list(IMAGES):
-        started = time.monotonic()
-        archive = ensure(name)
+    results = ensure_all(options.names or list(IMAGES))
+    for name, (archive, seconds) in results.items():
+        if not isinstance(archive, Path):
+            continue
         if options.path:
             print(archive)
             continue
@@ -525,10 +594,13 @@ def main(argv: list[str] | None = None) -> int:
         size = archive.stat().st_size / 2**30
         print(
             f"{name}: {record['ref']}\n  {archive} ({size:.2f} GiB, built in {record['build_seconds']} s;"
-            f" this run {time.monotonic() - started:.0f} s)",
+            f" this run {seconds:.0f} s)",
             flush=True,
         )
-    return 0
+    failed = [name for name, (archive, _) in results.items() if not isinstance(archive, Path)]
+    if failed:
+        print(f"images.py: {', '.join(failed)} failed (the lines above)", file=sys.stderr, flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

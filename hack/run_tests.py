@@ -8,6 +8,10 @@ instances and ports are independent; each lane has its own pytest session and fi
 lane's output goes to a log; a heartbeat line shows they are alive, and each log's summary (the
 whole log when a lane fails) is printed at the end. The exit status fails if either lane does.
 
+`make test` starts the lanes while its background builds (the cluster's binaries, the images) may
+still run: a test waits for the build it needs where it uses it (tests/support/builds.py), and
+each lane's log ends with how long its tests waited. Each lane runs its paths in the order given.
+
     python hack/run_tests.py [PYTEST ARGS...]
 """
 
@@ -24,11 +28,12 @@ LANES = {
         "tests/unit",
         "tests/chart",
         "tests/e2e",
-        "tests/images",
         "tests/trainer/unit",
         "tests/cluster",
         # A file named here leaves its folder's lane: this one evens out the lanes' lengths.
         "tests/trainer/ray/test_resume.py",
+        # Last: on a cold machine the image build (in the background) ends after the tools build.
+        "tests/images",
     ],
     "trainer+pods": ["tests/trainer/ray", "tests/pods"],
 }

@@ -12,6 +12,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 SOURCES = [str(REPO / "operator"), str(REPO / "trainer_image"), str(REPO)]
 
@@ -22,3 +24,12 @@ for _path in reversed(SOURCES):
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [*SOURCES, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in SOURCES)]
 )
+
+
+@pytest.hookimpl(trylast=True)  # after --durations: in the lane's last lines, which make test prints
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """How long this session's tests waited for `make test`'s background builds (tests/support/builds.py)."""
+    from tests.support import builds
+
+    for line in builds.WAITS:
+        terminalreporter.write_line(line)

@@ -19,6 +19,8 @@ never install into the venv at once). Other code calls `ensure(tool)`.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -27,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,10 +115,32 @@ def _ldflags(tool: str) -> str:
     return flags
 
 
+@contextlib.contextmanager
+def _lock(tool: str) -> Iterator[None]:
+    """One build of a tool at a time per cache (`make test`'s background build and a test, or two
+    test lanes, may both ask); another tool builds meanwhile."""
+    folder = cache_root() / "bin"
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / f".lock-{tool}").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _built(tool: str, out: Path) -> bool:
+    return all((out / name).is_file() for name in packages(tool))
+
+
 def build(tool: str) -> Path:
     out = bin_dir(tool)
-    if all((out / name).is_file() for name in packages(tool)):
+    if _built(tool, out):
         return out
+    with _lock(tool):
+        if not _built(tool, out):  # else built meanwhile by the holder of the lock
+            _build(tool, out)
+    return out
+
+
+def _build(tool: str, out: Path) -> None:
     options = build_options(tool)
     cgo = "1" if options.get("cgo") else "0"
     env = dict(os.environ, GOFLAGS="-mod=readonly -trimpath", GONOSUMDB=NO_SUMDB, CGO_ENABLED=cgo)
@@ -132,7 +157,6 @@ def build(tool: str) -> Path:
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     print(f"built {tool} in {time.monotonic() - started:.0f} s", flush=True)
-    return out
 
 
 def ensure(tool: str) -> Path:

@@ -18,6 +18,7 @@ import pytest
 from llmtrain.constants import ALLOWED_SECRETS_ANNOTATION
 
 from hack import images as built
+from tests.support import builds
 from tests.support.cluster import images, node
 from tests.support.cluster.cluster import PLATFORM_NAMESPACE, Cluster
 from tests.support.cluster.steps import CHART, RELEASE, helm, wait_for
@@ -140,6 +141,7 @@ def release(cluster: Cluster) -> Iterator[Release]:
     `make cluster` loads them. The platform namespace (whose ServiceAccounts the audit log records)
     enforces the restricted Pod Security profile."""
     started = time.monotonic()
+    builds.images_built()
     for name in ("operator", "trainer"):
         cluster.load_image(built.ensure(name), aliases=[built.published_ref(name)])
     labels = {"pod-security.kubernetes.io/enforce": "restricted"}

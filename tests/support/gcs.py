@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tests.support import builds
 from tests.support.cluster.processes import free_port
 from tests.support.s3 import REPO_ROOT
 from tests.support.servers import bucket_keys, listening, settled_log
@@ -103,6 +104,7 @@ class GcsServer:
 @contextmanager
 def fake_gcs_server(folder: Path, timeout: float = 60.0) -> Iterator[GcsServer]:
     """fake-gcs-server's filesystem backend on `folder`/data, over http on 127.0.0.1 only."""
+    builds.tools_built()
     binary = tools.ensure("fake-gcs-server") / "fake-gcs-server"
     data = folder / "data"
     data.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tests.support import builds
 from tests.support.cluster.processes import free_port
 from tests.support.servers import bucket_keys, listening
 
@@ -79,6 +80,7 @@ def versitygw(
     """versitygw's posix backend on `folder`/data, listening on `host` only: loopback, or with
     `enter` (a real node's `NodeNetwork.enter`) the node's IP inside its network namespace, where
     the node's pods reach it."""
+    builds.tools_built()
     binary = tools.ensure("versitygw") / "versitygw"
     data = folder / "data"
     data.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shutil
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -85,3 +87,27 @@ def test_a_pin_change_moves_only_that_tools_cache_folder(
     (tools / "helm" / "go.sum").write_text((tools / "helm" / "go.sum").read_text() + "\n")
     assert build_tools.bin_dir("helm") != helm
     assert build_tools.bin_dir("kwok") == kwok
+
+
+def test_two_asking_at_once_build_a_tool_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make test`'s background build and a test (or two lanes) asking for one tool: one builds,
+    the other waits for it and finds the binaries."""
+    monkeypatch.setenv("LLMTRAIN_CACHE", str(tmp_path))
+    built: list[str] = []
+
+    def fake_build(tool: str, out: Path) -> None:
+        built.append(tool)
+        time.sleep(0.3)
+        out.mkdir(parents=True)
+        for name in build_tools.packages(tool):
+            (out / name).write_text("binary")
+
+    monkeypatch.setattr(build_tools, "_build", fake_build)
+    folders: list[Path] = []
+    askers = [threading.Thread(target=lambda: folders.append(build_tools.build("helm"))) for _ in range(2)]
+    for asker in askers:
+        asker.start()
+    for asker in askers:
+        asker.join()
+    assert built == ["helm"]
+    assert folders == [build_tools.bin_dir("helm")] * 2

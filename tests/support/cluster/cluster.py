@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from tests.support import builds
 from tests.support.cluster import netns, nodes, pki, processes
 from tests.support.cluster import node as real_node_m
 from tests.support.cluster.kueue import prepare_kueue
@@ -147,6 +148,7 @@ class Cluster:
 
     @classmethod
     def _start(cls, d: Path, with_kueue: bool, with_real_node: bool) -> Cluster:
+        builds.tools_built()
         bins: dict[str, str] = {}
         for tool in tools.tools():
             if tool == "kueue" and not with_kueue:
