@@ -17,7 +17,10 @@ lane's log says how long its tests waited for which build.
 from __future__ import annotations
 
 import os
+import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ENV = {"tools": "LLMTRAIN_TOOLS_LOG", "images": "LLMTRAIN_IMAGES_LOG"}
@@ -52,14 +55,29 @@ def _read(path: Path) -> str:
         return ""
 
 
+@contextmanager
+def _timeout_paused() -> Iterator[None]:
+    """Stop the clock of the test's timeout (pytest-timeout arms SIGALRM's real-time timer) while
+    it waits: a cold Go build takes longer than any one test may, and is not the test's time."""
+    remaining, interval = signal.getitimer(signal.ITIMER_REAL)
+    if remaining:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    try:
+        yield
+    finally:
+        if remaining:
+            signal.setitimer(signal.ITIMER_REAL, remaining, interval)
+
+
 def wait(log: Path, poll: float = 0.2) -> float:
     """Wait for the background step writing `log` to end; the seconds waited. Raises BuildFailed
     unless it ended with status 0."""
     started = time.monotonic()
     pid_file, rc_file = Path(f"{log}.pid"), Path(f"{log}.rc")
     pid = _read(pid_file)
-    while not _read(rc_file) and pid.isdigit() and _alive(int(pid)):
-        time.sleep(poll)
+    with _timeout_paused():
+        while not _read(rc_file) and pid.isdigit() and _alive(int(pid)):
+            time.sleep(poll)
     waited = time.monotonic() - started
     rc = _read(rc_file)
     if rc == "0":

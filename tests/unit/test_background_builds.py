@@ -49,6 +49,25 @@ def test_a_running_build_is_waited_for(tmp_path: Path) -> None:
     assert log.read_text() == "built\n"
 
 
+def test_the_wait_is_not_counted_against_the_tests_timeout(tmp_path: Path) -> None:
+    """pytest-timeout's alarm (SIGALRM's real-time timer) is stopped while a build is awaited and
+    armed again with what was left: a 2 s build under a 1 s timeout does not time the test out."""
+    log = background(tmp_path, "sleep 2; echo built")
+
+    def timed_out(signum: int, frame: object) -> None:
+        raise AssertionError("the timeout fired during the wait")
+
+    previous = signal.signal(signal.SIGALRM, timed_out)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        assert builds.wait(log, poll=0.05) >= 1.5
+        remaining, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 0.8 < remaining <= 1.0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def test_a_finished_build_is_not_waited_for(tmp_path: Path) -> None:
     log = background(tmp_path, "echo built")
     _finished(log)
