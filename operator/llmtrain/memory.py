@@ -79,7 +79,7 @@ class Shape:
                 num_layers=int(config["num_hidden_layers"]),
                 num_heads=heads,
                 num_kv_heads=int(config.get("num_key_value_heads") or heads),
-                head_dim=int(config.get("head_dim") or hidden // heads),
+                head_dim=int(config.get("head_dim") or 0) or hidden // heads,
                 tied_embeddings=bool(config.get("tie_word_embeddings")),
                 # Llama-style configs bias all four projections with attention_bias; Qwen2 always
                 # biases q, k and v and never o.
@@ -490,7 +490,8 @@ def summary(plan: Plan) -> str:
             "resources.acceleratorType nor a MIG gpuResourceName names a known size) "
             f"({est.breakdown()}; {_basis(est)})"
         )
-    verdict = "fits" if max(est.states, est.peak or 0) <= capacity else "does not fit"
+    needed = est.states if est.peak is None else est.peak  # the peak counts the states too
+    verdict = "fits" if needed <= capacity else "does not fit"
     return f"{verdict}: {need} per {unit} of {human_bytes(capacity)} ({est.breakdown()}; {_basis(est)})"
 
 

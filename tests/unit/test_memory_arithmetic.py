@@ -123,6 +123,14 @@ def test_fsdp_shards_fp32_states_over_its_group_or_offloads_them(
     assert (est.grad_buffers, est.working_set) == (0, 2 * 2 * BLOCK)
 
 
+def test_fsdp_on_two_workers_shards_over_all_16_devices() -> None:
+    """8 x P bytes of moments divide by 8 devices whatever P is; by 16 only when P is even."""
+    plan = _plan({"type": "fsdp"})
+    est = memory.estimate(plan.with_workers(2))
+    assert est is not None and est.devices == 16
+    assert (est.params, est.grads, est.optimizer) == (4 * P // 16, 4 * P // 16, 8 * P // 16)
+
+
 def test_without_a_shape_nothing_is_gathered_and_lora_adapters_are_left_out() -> None:
     """A hub model known only by its name: the states are a lower bound, nothing more."""
     for strategy in ({"type": "fsdp"}, {"type": "deepspeed", "deepspeed": {"zeroStage": 3}}):
@@ -215,8 +223,9 @@ def test_the_blocks_compile_on_gpus_by_default_and_as_asked(
         ),
         # Not in the table: the size in the label.
         ({"acceleratorType": "NVIDIA-H100-SXM5-94GB"}, 94),
-        # Neither: the product name.
+        # Neither: the product name, in any case.
         ({"acceleratorType": "NVIDIA-L40S-PCIe"}, 48),
+        ({"acceleratorType": "nvidia-l40s-pcie"}, 48),
     ],
 )
 def test_device_memory_from_the_table_then_the_label_then_the_product(
@@ -289,6 +298,14 @@ def test_summary_says_whether_it_fits_with_the_peak_and_the_device(fits: bool) -
         f"{verdict}: estimated peak {memory.human_bytes(est.peak)} per GPU of {device} "
         f"({est.breakdown()}; {memory._basis(est)})"
     )
+
+
+def test_summary_of_a_peak_of_exactly_the_devices_memory_fits() -> None:
+    plan = _plan({"type": "fsdp"})
+    est = memory.estimate(plan)
+    assert est is not None and est.peak is not None
+    assert memory.summary(replace(plan, capacity=est.peak)).startswith("fits: ")
+    assert memory.summary(replace(plan, capacity=est.peak - 1)).startswith("does not fit: ")
 
 
 def test_summary_of_a_model_sized_by_its_name_counts_the_states_only() -> None:
