@@ -19,6 +19,7 @@ never install into the venv at once). Other code calls `ensure(tool)`.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -27,6 +28,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -112,10 +115,30 @@ def _ldflags(tool: str) -> str:
     return flags
 
 
+@contextmanager
+def exclusive(out: Path) -> Iterator[None]:
+    """Holds `out`'s lock file: one process at a time builds a cache folder (pytest-xdist's workers,
+    `make prepare` beside a test run), instead of two that clear each other's `.partial` folder."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(out.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def build(tool: str) -> Path:
     out = bin_dir(tool)
     if all((out / name).is_file() for name in packages(tool)):
         return out
+    with exclusive(out):
+        if all((out / name).is_file() for name in packages(tool)):
+            return out  # another process built it while this one waited
+        return _build(tool, out)
+
+
+def _build(tool: str, out: Path) -> Path:
     options = build_options(tool)
     cgo = "1" if options.get("cgo") else "0"
     env = dict(os.environ, GOFLAGS="-mod=readonly -trimpath", GONOSUMDB=NO_SUMDB, CGO_ENABLED=cgo)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import shutil
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -85,3 +87,36 @@ def test_a_pin_change_moves_only_that_tools_cache_folder(
     (tools / "helm" / "go.sum").write_text((tools / "helm" / "go.sum").read_text() + "\n")
     assert build_tools.bin_dir("helm") != helm
     assert build_tools.bin_dir("kwok") == kwok
+
+
+def test_two_processes_asking_for_one_tool_build_it_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make test-fast` runs on pytest-xdist workers, and the object-store tests of two of them may
+    ask for versitygw on a cold cache at once: the second waits for the first's build and uses it,
+    instead of clearing the first's `.partial` folder and building it again."""
+    (tmp_path / "tools" / "demo").mkdir(parents=True)
+    (tmp_path / "tools" / "demo" / "go.mod").write_text("module demo\n\nrequire example.com/demo v1.2.3\n")
+    (tmp_path / "tools" / "demo" / "tools.go").write_text('package tools\n\nimport _ "example.com/demo"\n')
+    builds = tmp_path / "builds.log"
+    go = tmp_path / "go"
+    go.write_text(
+        "#!/bin/sh\nset -e\n"
+        f'echo "$$" >> "{builds}"\nsleep 0.5\n'
+        'while [ $# -gt 0 ]; do if [ "$1" = -o ]; then shift; echo binary > "$1"; fi; shift; done\n'
+    )
+    go.chmod(0o755)
+    monkeypatch.setattr(build_tools, "TOOLS_DIR", tmp_path / "tools")
+    monkeypatch.setattr(build_tools, "find_go", lambda: str(go))
+    monkeypatch.setenv("LLMTRAIN_CACHE", str(tmp_path / "cache"))
+    start = threading.Barrier(2)
+
+    def ensure() -> Path:
+        start.wait()
+        return build_tools.ensure("demo")
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        folders = [f.result() for f in [pool.submit(ensure), pool.submit(ensure)]]
+    assert folders[0] == folders[1] == build_tools.bin_dir("demo")
+    assert (folders[0] / "demo").read_text() == "binary\n"
+    assert len(builds.read_text().split()) == 1, "built twice"
