@@ -67,14 +67,19 @@ prepare: builds-start $(STAMP) ## build the cluster's binaries (tools) and the i
 	@$(call await,$(IMAGES_LOG)); tail -4 $(IMAGES_LOG)
 	@$(call await,$(TOOLS_LOG)); cat $(TOOLS_LOG)
 
-# 1 min 59.7 s on 2026-11-27 (load average 1.8-3.3, a nice-15 mutation run beside it; 2 min 39 s at
-# load 4.4-5.4), pytest 92 CPU-seconds, mypy
+# pytest runs on 2 pytest-xdist workers, --dist worksteal: each starts with a contiguous half of the
+# tests (a module's servers and probes start in one worker, not in both as with --dist load) and an
+# idle one takes tests from the other's tail (--dist loadfile can leave one worker alone with the
+# last long trainer files; not timed against it: the day's load would not have told them apart).
+# 2,026 tests on 2026-11-29, 2 cores at load average 12-17 from other work: pytest 7 min 8 s with
+# -n 2 (163 CPU-seconds), 8 min 23 s in one process. In one process the target took 1 min 58 s on
+# a quiet machine, 1 min 59.7 s on 2026-11-27 (load average 1.8-3.3; pytest 92 CPU-seconds), mypy
 # warm (its .mypy_cache; a cold one adds about 90 s). Real training runs are `slow`, seconds-long
 # checks `thorough`: both run in `make test` only (tests/README.md).
 test-fast: $(STAMP) ## the inner loop (about 2 min): lint, unit, chart, e2e script checks, trainer checks without Ray
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(PY) -m pytest -q -m "not e2e and not slow and not thorough" tests/unit tests/chart tests/e2e tests/trainer
+	$(PY) -m pytest -q -n 2 --dist worksteal -m "not e2e and not slow and not thorough" tests/unit tests/chart tests/e2e tests/trainer
 
 lock: $(STAMP) ## rewrite constraints.txt from the current venv (after `make test` passed with new versions)
 	bash hack/lock.sh $(PY)
