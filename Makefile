@@ -80,14 +80,15 @@ test: test-ready ## run every test tier (unit, real cluster, trainer, chart, e2e
 	  $(call await,$(TOOLS_LOG)); cat $(TOOLS_LOG); \
 	  exit $$status
 
-# 1 min 59.7 s on 2026-11-27 (load average 1.8-3.3, a nice-15 mutation run beside it; 2 min 39 s at
-# load 4.4-5.4), pytest 92 CPU-seconds, mypy
+# pytest runs on 2 pytest-xdist workers, --dist worksteal: each starts with a contiguous half of the
+# tests (a module's servers and probes start in one worker, not in both as with --dist load) and an
+# idle one takes tests from the other's tail. TIMING-PLACEHOLDER, mypy
 # warm (its .mypy_cache; a cold one adds about 90 s). Real training runs are `slow`, seconds-long
 # checks `thorough`: both run in `make test` only (tests/README.md).
 test-fast: $(STAMP) ## the inner loop (about 2 min): lint, unit, chart, e2e script checks, trainer checks without Ray
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(PY) -m pytest -q -m "not e2e and not slow and not thorough" tests/unit tests/chart tests/e2e tests/trainer
+	$(PY) -m pytest -q -n 2 --dist worksteal -m "not e2e and not slow and not thorough" tests/unit tests/chart tests/e2e tests/trainer
 
 lock: $(STAMP) ## rewrite constraints.txt from the current venv (after `make test` passed with new versions)
 	bash hack/lock.sh $(PY)

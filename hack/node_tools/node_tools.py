@@ -31,7 +31,7 @@ from pathlib import Path
 
 NODE_TOOLS_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(NODE_TOOLS_DIR.parent / "tools"))
-from build_tools import cache_root  # noqa: E402
+from build_tools import cache_root, exclusive  # noqa: E402
 
 
 def tools() -> list[str]:
@@ -96,6 +96,13 @@ def install(tool: str) -> Path:
     out = install_dir(tool)
     if (out / "node_modules" / ".bin").is_dir():
         return out
+    with exclusive(out):
+        if (out / "node_modules" / ".bin").is_dir():
+            return out  # another process installed it while this one waited
+        return _install(tool, out)
+
+
+def _install(tool: str, out: Path) -> Path:
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -19,7 +19,6 @@ never install into the venv at once). Other code calls `ensure(tool)`.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import fcntl
 import hashlib
 import json
@@ -30,6 +29,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -115,26 +115,28 @@ def _ldflags(tool: str) -> str:
     return flags
 
 
-@contextlib.contextmanager
-def _lock(tool: str) -> Iterator[None]:
-    """One build of a tool at a time per cache (`make test`'s background build and a test, or two
-    test lanes, may both ask); another tool builds meanwhile."""
-    folder = cache_root() / "bin"
-    folder.mkdir(parents=True, exist_ok=True)
-    with (folder / f".lock-{tool}").open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
-
-
 def _built(tool: str, out: Path) -> bool:
     return all((out / name).is_file() for name in packages(tool))
+
+
+@contextmanager
+def exclusive(out: Path) -> Iterator[None]:
+    """Holds `out`'s lock file: one process at a time builds a cache folder (pytest-xdist's workers,
+    `make prepare` beside a test run), instead of two that clear each other's `.partial` folder."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(out.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def build(tool: str) -> Path:
     out = bin_dir(tool)
     if _built(tool, out):
         return out
-    with _lock(tool):
+    with exclusive(out):
         if not _built(tool, out):  # else built meanwhile by the holder of the lock
             _build(tool, out)
     return out

@@ -97,8 +97,11 @@ def test_a_preflight_error_with_square_brackets_is_shown_as_is(
 
 
 def test_paths_with_square_brackets_are_shown_as_is(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Wide enough that rich does not fold the path itself: tmp_path is longer under pytest-xdist
+    # (a popen-gwN folder) and in a deep TMPDIR, and a fold inside a word cannot be joined back.
+    monkeypatch.setenv("COLUMNS", "1000")
     folder = tmp_path / "[bold]jobs"
     job = write_job(folder)
     job.write_text("spec: [unclosed")
