@@ -8,6 +8,10 @@ each Ray cluster start costs minutes on two cores.
 3. Deleting the job and applying another spec under the same name (the Hugging Face Trainer mode,
    scenario 6's other half) starts a new run with the new config: it does not silently resume (or
    report) the old one, nor train with the old config.
+
+The job runs one worker with a head of a whole core (`jobs.MODE_SHAPE`; the README example's two
+workers of FSDP run in test_tiny_cpu.py): its three Ray cluster starts are most of the scenario's
+time, and a head at 500m took 75-110 s of each from the submitter's start to the first step.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ def test_worker_loss_suspend_resume_and_recreate_in_real_pods(
     watch.mark("data seeded")
     job = jobs.variant(
         NAME,
+        resources=jobs.MODE_SHAPE,
         training={"maxSteps": STEPS, "logEverySteps": 5},
         checkpoint={"everySteps": EVERY, "keep": 2},
     )

@@ -30,7 +30,8 @@ MISSING_SECRET = "no-such-token"
 # The failing jobs' Ray pods (3 each; their submitters never start) never run a process, so they
 # request next to no CPU: at 100m each they and the custom job (500m head, 500m worker, 200m
 # submitter) beside the operator (100m) and an upload pod still going (100m) did not fit the 2-core
-# node, and the failing job's workers were left unschedulable instead of failing on the image.
+# node, and the failing job's workers were left unschedulable instead of failing on the image. At
+# 10m, with the custom job's head at a whole core (`jobs.MODE_SHAPE`), all of it asks 1960m.
 SMALL = {"cpu": "10m", "memory": "1Gi", "sharedMemory": "256Mi", "head": {"cpu": "10m", "memory": "1Gi"}}
 CUSTOM = "custom"
 
