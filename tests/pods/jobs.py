@@ -49,19 +49,15 @@ def variant(name: str, base: Path = EXAMPLE, **overrides: dict[str, Any]) -> dic
     return job
 
 
-# One worker at the README example's worker shape and a head of nearly a core, for the other trainer
-# modes' short runs and the lifecycle scenario: Ray pods below 500m CPU fail their own start-up
-# timeouts here (a first try at 200-250m restarted every Ray container three times), and two jobs
-# at 500m do not fit the 2-core node together. The head gets the second worker's CPU: it runs GCS,
-# the dashboard, the driver and Ray Train's controller, and at 500m (its limit is its request) a
-# Ray cluster start took a minute more under load. 900m, not 1: the start-up failures scenario's
-# jobs fit beside it (test_startup_failures.py).
+# One worker at the README example's pod shape, for the other trainer modes' short runs: Ray pods
+# below 500m CPU fail their own start-up timeouts here (a first try at 200-250m restarted every Ray
+# container three times), and two jobs at 500m do not fit the 2-core node together.
 MODE_SHAPE = {
     "workers": 1,
     "cpu": "500m",
     "memory": "2Gi",
     "sharedMemory": "512Mi",
-    "head": {"cpu": "900m", "memory": "3Gi"},
+    "head": {"cpu": "500m", "memory": "3Gi"},
 }
 MODE_STEPS = 30
 

@@ -27,21 +27,11 @@ from tests.support.cluster.cluster import Cluster
 DEADLINE = 30
 MISSING_IMAGE = "localhost/llmtrain/no-such-trainer:1"
 MISSING_SECRET = "no-such-token"
-# The failing jobs' Ray pods (2 each; their submitters never start) never run a process, so they
+# The failing jobs' Ray pods (3 each; their submitters never start) never run a process, so they
 # request next to no CPU: at 100m each they and the custom job (500m head, 500m worker, 200m
 # submitter) beside the operator (100m) and an upload pod still going (100m) did not fit the 2-core
-# node, and the failing job's workers were left unschedulable instead of failing on the image. A
-# worker pod asks at least 200m whatever its container asks (KubeRay's init container that waits
-# for the head asks 200m), so each failing job has one worker: 2 x (10m + 200m) beside the custom
-# job's head (900m, `jobs.MODE_SHAPE`) and worker (500m) and the operator make 1920m; the custom
-# job's submitter (200m) starts once the failing jobs' pods are gone.
-SMALL = {
-    "workers": 1,
-    "cpu": "10m",
-    "memory": "1Gi",
-    "sharedMemory": "256Mi",
-    "head": {"cpu": "10m", "memory": "1Gi"},
-}
+# node, and the failing job's workers were left unschedulable instead of failing on the image.
+SMALL = {"cpu": "10m", "memory": "1Gi", "sharedMemory": "256Mi", "head": {"cpu": "10m", "memory": "1Gi"}}
 CUSTOM = "custom"
 
 
