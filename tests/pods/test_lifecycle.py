@@ -8,6 +8,13 @@ each Ray cluster start costs minutes on two cores.
 3. Deleting the job and applying another spec under the same name (the Hugging Face Trainer mode,
    scenario 6's other half) starts a new run with the new config: it does not silently resume (or
    report) the old one, nor train with the old config.
+
+The job runs one worker with a head of a whole core (the README example's two workers of FSDP run
+in test_tiny_cpu.py): its Ray cluster starts are most of the scenario's time, and the head (GCS,
+the dashboard, the driver, Ray Train's controller; its limit is its request) at the example's 500m
+took 75-110 s of each start from the submitter's start to the first step under load. The
+re-created job keeps `jobs.MODE_SHAPE` (a 500m head): the start-up failures scenario's jobs fit
+beside that shape only.
 """
 
 from __future__ import annotations
@@ -27,6 +34,9 @@ EVERY = 20
 # it is asked for about 40 steps after the resume and lands some 50 steps later (the Ray pods get
 # 5 s from SIGTERM to SIGKILL; with Kubernetes' default 30 s they trained on for 150-220 steps).
 STEPS = 280
+# One worker at the example's worker shape, the head with the second worker's CPU: 1.5 cores, and
+# the submitter and the operator make 1.8 of the node's 2.
+SHAPE = {**jobs.MODE_SHAPE, "head": {"cpu": "1", "memory": "3Gi"}}
 
 
 def _progress(status: dict[str, Any]) -> dict[str, Any]:
@@ -56,6 +66,7 @@ def test_worker_loss_suspend_resume_and_recreate_in_real_pods(
     watch.mark("data seeded")
     job = jobs.variant(
         NAME,
+        resources=SHAPE,
         training={"maxSteps": STEPS, "logEverySteps": 5},
         checkpoint={"everySteps": EVERY, "keep": 2},
     )
