@@ -59,16 +59,22 @@ MODE_SHAPE = {
     "sharedMemory": "512Mi",
     "head": {"cpu": "500m", "memory": "3Gi"},
 }
+# The same with the head at a whole core, for a job that has the node to itself: the head (GCS,
+# the dashboard, the driver, Ray Train's controller; its limit is its request) at 500m took 75-110 s
+# of each Ray cluster start, from the submitter's start to the first step, under load. Head 1000m,
+# worker 500m (KubeRay's wait-gcs-ready init container asks 200m), the submitter 200m and the
+# operator 100m make 1.8 of the node's 2 cores.
+WHOLE_HEAD_SHAPE = {**MODE_SHAPE, "head": {"cpu": "1", "memory": "3Gi"}}
 MODE_STEPS = 30
 
 
-def mode_job(example_file: str, name: str) -> dict[str, Any]:
-    """An example of another trainer mode, short and small, on the claim the data was uploaded to
-    (not a created one)."""
+def mode_job(example_file: str, name: str, shape: dict[str, Any] = MODE_SHAPE) -> dict[str, Any]:
+    """An example of another trainer mode, short and small (at `shape`), on the claim the data was
+    uploaded to (not a created one)."""
     job = variant(
         name,
         base=REPO_ROOT / "examples" / example_file,
-        resources=MODE_SHAPE,
+        resources=shape,
         training={"maxSteps": MODE_STEPS, "logEverySteps": 5},
         checkpoint={"everySteps": 10},
     )

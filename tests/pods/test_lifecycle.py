@@ -13,8 +13,7 @@ The job runs one worker with a head of a whole core (the README example's two wo
 in test_tiny_cpu.py): its Ray cluster starts are most of the scenario's time, and the head (GCS,
 the dashboard, the driver, Ray Train's controller; its limit is its request) at the example's 500m
 took 75-110 s of each start from the submitter's start to the first step under load. The
-re-created job keeps `jobs.MODE_SHAPE` (a 500m head): the start-up failures scenario's jobs fit
-beside that shape only.
+re-created job has the same shape: its pods start once the earlier job's are gone.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ EVERY = 20
 STEPS = 280
 # One worker at the example's worker shape, the head with the second worker's CPU: 1.5 cores, and
 # the submitter and the operator make 1.8 of the node's 2.
-SHAPE = {**jobs.MODE_SHAPE, "head": {"cpu": "1", "memory": "3Gi"}}
+SHAPE = jobs.WHOLE_HEAD_SHAPE
 
 
 def _progress(status: dict[str, Any]) -> dict[str, Any]:
@@ -145,7 +144,7 @@ def test_worker_loss_suspend_resume_and_recreate_in_real_pods(
     # train as the builtin one) and then starts a run of its own.
     cluster.kubectl("delete", "llmtj", NAME, "-n", namespace, "--wait=true", timeout=120)
     earlier_pods = jobs.ray_pods(cluster, namespace)
-    hf_job = jobs.mode_job("tiny-cpu-hf.yaml", NAME)
+    hf_job = jobs.mode_job("tiny-cpu-hf.yaml", NAME, SHAPE)
     jobs.apply_job(cluster, namespace, hf_job)
     again = jobs.Watch(namespace, NAME, t0=started)
     again.mark("deleted and applied again")

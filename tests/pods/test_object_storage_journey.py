@@ -71,11 +71,12 @@ class Session:
 
 def _job(namespace: str, endpoint: str, mlflow_url: str) -> dict[str, Any]:
     """examples/tiny-cpu-s3.yaml pointed at the test's store, tracking to its MLflow server, short
-    and at the one-worker shape of the other scenarios, on a claim of its own deleted with it."""
+    and at the one-worker shape of the other scenarios with a whole-core head (the job has the
+    node to itself), on a claim of its own deleted with it."""
     job = jobs.variant(
         "tiny-cpu-s3",
         base=EXAMPLE,
-        resources=jobs.MODE_SHAPE,
+        resources=jobs.WHOLE_HEAD_SHAPE,
         training={"maxSteps": STEPS, "logEverySteps": LOG_EVERY},
         checkpoint={"everySteps": 10, "exportTo": EXPORT_TO},
         objectStorage={"endpoint": endpoint},

@@ -27,12 +27,22 @@ from tests.support.cluster.cluster import Cluster
 DEADLINE = 30
 MISSING_IMAGE = "localhost/llmtrain/no-such-trainer:1"
 MISSING_SECRET = "no-such-token"
-# The failing jobs' Ray pods (3 each; their submitters never start) never run a process, so they
-# request next to no CPU: at 100m each they and the custom job (500m head, 500m worker, 200m
-# submitter) beside the operator (100m) and an upload pod still going (100m) did not fit the 2-core
-# node, and the failing job's workers were left unschedulable instead of failing on the image.
-SMALL = {"cpu": "10m", "memory": "1Gi", "sharedMemory": "256Mi", "head": {"cpu": "10m", "memory": "1Gi"}}
+# The failing jobs' Ray pods (a head and a worker each; their submitters never start) never run a
+# process, so they request next to no CPU: at 100m each they and the custom job (500m head, 500m
+# worker, 200m submitter) beside the operator (100m) and an upload pod still going (100m) did not
+# fit the 2-core node, and the failing job's workers were left unschedulable instead of failing on
+# the image. A worker asks 200m all the same (KubeRay's wait-gcs-ready init container): one worker
+# each, 2 x (10m + 200m), leaves the custom job's head 700m (the head's CPU is most of a Ray cluster's
+# start-up here).
+SMALL = {
+    "workers": 1,
+    "cpu": "10m",
+    "memory": "1Gi",
+    "sharedMemory": "256Mi",
+    "head": {"cpu": "10m", "memory": "1Gi"},
+}
 CUSTOM = "custom"
+CUSTOM_SHAPE = {**jobs.MODE_SHAPE, "head": {"cpu": "700m", "memory": "3Gi"}}
 
 
 def test_jobs_that_cannot_start_fail_at_their_deadline_while_the_custom_mode_trains_beside_them(
@@ -43,7 +53,7 @@ def test_jobs_that_cannot_start_fail_at_their_deadline_while_the_custom_mode_tra
     # The custom example's module goes where its `trainer.custom.path` points on the volume.
     jobs.seed_data(cluster, release, namespace, source="examples/custom", to="custom")
     uploaded = time.monotonic()
-    custom = jobs.mode_job("tiny-cpu-custom.yaml", CUSTOM)
+    custom = jobs.mode_job("tiny-cpu-custom.yaml", CUSTOM, CUSTOM_SHAPE)
     policy = {"startupDeadlineSeconds": DEADLINE, "maxRetries": 1}
     no_image = jobs.variant("no-image", resources={**SMALL, "image": MISSING_IMAGE}, runPolicy=policy)
     secret_env = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": MISSING_SECRET, "key": "token"}}}
