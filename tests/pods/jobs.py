@@ -1,6 +1,6 @@
 """Steps the real-pod scenarios share: seed the data as the README says, apply a job, watch what
 `kubectl get llmtj` and the pods show until it ends, and read the run's files back from the volume
-through a pod."""
+(from the claim's folder on the node's host)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from llmtrain.constants import JOB_UID_LABEL
 
-from tests.pods.conftest import Release, busybox_pod, get
+from tests.pods.conftest import Release, get
 from tests.support.cluster.cluster import Cluster
 from tests.support.cluster.node import NODE_NAME, REAL_NODE_LABEL
 from tests.support.cluster.steps import table
@@ -263,17 +263,25 @@ def run_pod(cluster: Cluster, pod: dict[str, Any], timeout: float = 300) -> str:
     return logs
 
 
+def claim_folder(cluster: Cluster, namespace: str, claim: str) -> Path:
+    """The host folder behind a bound claim: local-path's hostPath volume under the real node's
+    `<cluster>/node/volumes` (the pods' mount shows the same folder)."""
+    volume = get(cluster, "pvc", claim, namespace)["spec"]["volumeName"]
+    folder = Path(get(cluster, "pv", volume)["spec"]["hostPath"]["path"])
+    assert folder.is_relative_to(cluster.directory / "node" / "volumes"), folder
+    return folder
+
+
 def read_result(cluster: Cluster, namespace: str, directory: str) -> dict[str, Any]:
-    """The run's result.json, read by a busybox pod mounting the claim read-only."""
+    """The run's result.json (`directory` as the pods mount it), read from the claim's folder on
+    the node's host: what the trainer wrote is what matters here, and a reader pod cost a pod's
+    start and end each time. That another user of the volume can read a run's files is
+    test_tiny_cpu.py's loader pod's to show."""
     claim = example()["spec"]["storage"]["claimName"]
-    pod = busybox_pod(
-        "result-reader",
-        namespace,
-        f"cat {directory}/result.json",
-        volumes=[{"name": "storage", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}],
-        mounts=[{"name": "storage", "mountPath": MOUNT, "readOnly": True}],
+    relative = Path(directory).relative_to(MOUNT)
+    result: dict[str, Any] = json.loads(
+        (claim_folder(cluster, namespace, claim) / relative / "result.json").read_text()
     )
-    result: dict[str, Any] = json.loads(run_pod(cluster, pod))
     return result
 
 
