@@ -115,6 +115,40 @@ def apply_job(cluster: Cluster, namespace: str, job: dict[str, Any]) -> None:
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(job))
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """One look at a namespace: its `kubectl get llmtj` rows, its LLMTrainingJobs, pods and
+    (submitter) Jobs, in two kubectl calls. Each call costs about 0.1 s of CPU on a node that
+    has two cores for the Ray pods too; several jobs watched side by side share one snapshot."""
+
+    rows: dict[str, dict[str, str]]  # by job name
+    llmtjs: dict[str, dict[str, Any]]  # by name
+    pods: list[dict[str, Any]]
+    jobs: list[dict[str, Any]]
+
+    @classmethod
+    def take(cls, cluster: Cluster, namespace: str) -> Snapshot:
+        rows = table(cluster.kubectl("get", "llmtj", "-n", namespace, check=False).stdout)
+        listed = cluster.kubectl("get", "llmtj,pods,jobs", "-n", namespace, "-o", "json").stdout
+        items: list[dict[str, Any]] = json.loads(listed)["items"]
+        of = {kind: [i for i in items if i["kind"] == kind] for kind in ("LLMTrainingJob", "Pod", "Job")}
+        return cls(
+            {row["NAME"]: row for row in rows},
+            {i["metadata"]["name"]: i for i in of["LLMTrainingJob"]},
+            of["Pod"],
+            of["Job"],
+        )
+
+    def ray_pods(self, job: str) -> list[str]:
+        """As `ray_pods`: the names (`pod/...`) of `job`'s Ray pods."""
+        return [
+            f"pod/{p['metadata']['name']}"
+            for p in self.pods
+            if "ray.io/node-type" in (p["metadata"].get("labels") or {})
+            and p["metadata"]["name"].startswith(f"{job}-")
+        ]
+
+
 @dataclass
 class Watch:
     """What was seen while a job ran: its `kubectl get llmtj` rows, its status, and its pods."""
@@ -129,28 +163,29 @@ class Watch:
     timeline: list[tuple[float, str]] = field(default_factory=list)
     t0: float = 0.0  # time.monotonic() of the timeline's zero; the first look's if unset
 
-    def look(self, cluster: Cluster) -> str:
-        """One look; the phase. Pods and submitter Jobs count only when they are this job's (its uid
-        on their pod template): an earlier job of the name may still have pods going."""
-        rows = table(cluster.kubectl("get", "llmtj", self.name, "-n", self.namespace, check=False).stdout)
-        if rows and (not self.rows or rows[0] != self.rows[-1]):
-            self.rows.append(rows[0])
-        job = get(cluster, "llmtj", self.name, self.namespace)
+    def look(self, cluster: Cluster, seen: Snapshot | None = None) -> str:
+        """One look (at `seen`, else a snapshot of its own); the phase. Pods and submitter Jobs
+        count only when they are this job's (its uid on their pod template): an earlier job of the
+        name may still have pods going."""
+        seen = seen or Snapshot.take(cluster, self.namespace)
+        row = seen.rows.get(self.name)
+        if row and (not self.rows or row != self.rows[-1]):
+            self.rows.append(row)
+        job = seen.llmtjs.get(self.name)
+        assert job is not None, f"no LLMTrainingJob {self.name} in {self.namespace}"
         uid = job["metadata"]["uid"]
         status = job.get("status") or {}
         if not self.statuses or status != self.statuses[-1]:
             self.statuses.append(status)
-        pods = json.loads(cluster.kubectl("get", "pods", "-n", self.namespace, "-o", "json").stdout)["items"]
-        for pod in pods:
+        for pod in seen.pods:
             if pod["status"].get("phase") == "Running" and _uid_of(pod["metadata"]) in (uid, None):
                 self.running_pods.setdefault(pod["metadata"]["name"], pod)
-        jobs = json.loads(cluster.kubectl("get", "jobs", "-n", self.namespace, "-o", "json").stdout)["items"]
         self.submitter_succeeded |= any(
             (j.get("status") or {}).get("succeeded") and _uid_of(j["spec"]["template"]["metadata"]) == uid
-            for j in jobs
+            for j in seen.jobs
         )
         phase = str(status.get("phase") or "")
-        self._record(phase, status, pods)
+        self._record(phase, status, seen.pods)
         return phase
 
     def _record(self, phase: str, status: dict[str, Any], pods: list[dict[str, Any]]) -> None:

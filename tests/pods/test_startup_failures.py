@@ -70,11 +70,12 @@ def test_jobs_that_cannot_start_fail_at_their_deadline_while_the_custom_mode_tra
     # All watched side by side, until each ended and the failing jobs' Ray pods are gone.
     while not (all(p in jobs.TERMINAL for p in phases.values()) and gone_at.keys() == expected.keys()):
         assert time.monotonic() < deadline, "\n".join(w.story(cluster) for w in watches.values())
-        phases = {name: watch.look(cluster) for name, watch in watches.items()}
+        seen = jobs.Snapshot.take(cluster, namespace)
+        phases = {name: watch.look(cluster, seen) for name, watch in watches.items()}
         for name, phase in phases.items():
             if phase in jobs.TERMINAL:
                 ended_at.setdefault(name, time.monotonic() - uploaded)
-            if name in expected and name in ended_at and not jobs.ray_pods(cluster, namespace, name):
+            if name in expected and name in ended_at and not seen.ray_pods(name):
                 gone_at.setdefault(name, time.monotonic() - uploaded)
         now = time.monotonic() - uploaded
         # Each failing job ends at its deadline (not only when the custom job does), and its Ray
