@@ -11,7 +11,7 @@
 #   hack/kind_local.sh up      create the cluster (kubectl only inside the namespace:
 #                              nsenter --net=/run/netns/$NETNS kubectl --kubeconfig $W/kubeconfig ...)
 #   hack/kind_local.sh down    delete the cluster and the network namespace
-#   hack/kind_local.sh clean   down, then remove the images and Podman's storage under $W
+#   hack/kind_local.sh clean   down, then remove $W (the Go tools, images and Podman's storage)
 # Environment: LLMTRAIN_CACHE (default ~/.cache/llmtrain), PYTHON (default .venv/bin/python),
 # KINDNETD_SRC (kind's images/kindnetd, e.g. `git archive b0f7ea99 images/kindnetd` of
 # kubernetes-sigs/kind: the proxy serves no version of that nested module; later commits need an
@@ -114,7 +114,10 @@ build_tools() {
 
 build_base() {
   log "kind's base image from Debian packages"
-  local kind_src hook rootfs ctr
+  local kind_src hook rootfs ctr containerd runc cni
+  containerd=$(tool_dir containerd)
+  runc=$(tool_dir runc)
+  cni=$(tool_dir cni-plugins)
   kind_src=$(go env GOMODCACHE)/sigs.k8s.io/kind@$KIND_VERSION/images/base
   [ -d "$kind_src" ] || go mod download "sigs.k8s.io/kind@$KIND_VERSION"
   hook=$W/base-hook.sh
@@ -144,9 +147,9 @@ rm -f \$r/lib/systemd/system/multi-user.target.wants/* \$r/etc/systemd/system/*.
   \$r/lib/systemd/system/sockets.target.wants/*initctl* \$r/lib/systemd/system/basic.target.wants/*
 echo ReadKMsg=no >>\$r/etc/systemd/journald.conf
 ln -sf /usr/lib/systemd/systemd \$r/sbin/init
-install -m 0755 $(tool_dir containerd)/{containerd,ctr,containerd-shim-runc-v2} $W/bin/crictl \$r/usr/local/bin/
-install -m 0755 $(tool_dir runc)/runc \$r/usr/local/sbin/runc
-install -m 0755 $(tool_dir cni-plugins)/{host-local,loopback,portmap} $W/bin/ptp \$r/opt/cni/bin/
+install -m 0755 $containerd/{containerd,ctr,containerd-shim-runc-v2} $W/bin/crictl \$r/usr/local/bin/
+install -m 0755 $runc/runc \$r/usr/local/sbin/runc
+install -m 0755 $cni/{host-local,loopback,portmap} $W/bin/ptp \$r/opt/cni/bin/
 chroot \$r systemctl enable kubelet.service containerd.service undo-mount-hacks.service
 chroot \$r systemctl mask systemd-binfmt.service
 mkdir -p \$r/etc/kubernetes/manifests
@@ -273,6 +276,9 @@ case ${1:-} in
   node-image) setup; node_image ;;
   up) setup; up ;;
   down) down ;;
-  clean) down; podman system reset --force 2>/dev/null || true; rm -rf "$W" ;;
+  clean)
+    down
+    if grep -q " $W/" /proc/mounts; then echo "still mounted under $W" >&2; exit 1; fi
+    rm -rf "$W" ;;
   *) sed -n 2,18p "$0"; exit 2 ;;
 esac
