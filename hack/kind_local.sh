@@ -9,9 +9,9 @@
 #   hack/kind_local.sh image   build kind, the base image, the release tarball and the node image
 #   hack/kind_local.sh node-image   only the last step, from the base image and tarball there
 #   hack/kind_local.sh up      create the cluster (kubectl only inside the namespace:
-#                              nsenter --net=/run/netns/$NETNS kubectl --kubeconfig $W/kubeconfig ...)
+#                              nsenter --net=/run/netns/llmtrain-kind kubectl --kubeconfig $LLMTRAIN_CACHE/kind/kubeconfig)
 #   hack/kind_local.sh down    delete the cluster and the network namespace
-#   hack/kind_local.sh clean   down, then remove $W (the Go tools, images and Podman's storage)
+#   hack/kind_local.sh clean   down, then remove $LLMTRAIN_CACHE/kind (the Go tools, images and Podman's storage)
 # Environment: LLMTRAIN_CACHE (default ~/.cache/llmtrain), PYTHON (default .venv/bin/python),
 # KINDNETD_SRC (kind's images/kindnetd, e.g. `git archive b0f7ea99 images/kindnetd` of
 # kubernetes-sigs/kind: the proxy serves no version of that nested module; later commits need an
