@@ -242,8 +242,12 @@ EOF
 
 node_image() {
   log "kind build node-image"
-  "${NICE[@]}" "${IN_NS[@]}" kind build node-image --type file "$W/kubernetes-server-linux-amd64.tar.gz" \
-    --base-image "$BASE_IMAGE" --image "$NODE_IMAGE"
+  # kind leaves the tarball's 1.1 GB extract in its temporary folder
+  rm -rf "$W/tmp"
+  mkdir -p "$W/tmp"
+  TMPDIR=$W/tmp "${NICE[@]}" "${IN_NS[@]}" kind build node-image --type file \
+    "$W/kubernetes-server-linux-amd64.tar.gz" --base-image "$BASE_IMAGE" --image "$NODE_IMAGE"
+  rm -rf "$W/tmp"
 }
 
 up() {
