@@ -77,11 +77,16 @@ async def all_statuses(
     start: float,
     rayjob_at: dict[str, float],
     status_at: dict[str, float],
+    watchers: list[asyncio.Task[None]],
 ) -> None:
-    """Until every job has a status; fails fast if the client or the operator dies, or after 900 s."""
+    """Until every job has a status; fails fast if the client, a watch or the operator dies, or
+    after 900 s."""
     while not done.is_set():
         if creator.done() and creator.exception():
             raise creator.exception()  # type: ignore[misc]
+        for task in watchers:
+            if task.done():
+                raise SystemExit(f"the benchmark's watch ended: {task.exception()!r}")
         if proc.poll() is not None:
             raise SystemExit(f"the operator exited ({proc.returncode}); see {log}")
         if time.monotonic() - start > 900:
@@ -144,15 +149,42 @@ class RealApi:
             return response.status == 200
 
     async def watch(self, path: str, on_event: Callable[[dict[str, Any]], None]) -> None:
-        """Calls on_event for each event of a watch from now on (one JSON object per line)."""
-        async with self.session.get(path, params={"watch": "1"}) as response:
-            buffer = b""
-            async for chunk in response.content.iter_any():
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    if line.strip():
-                        on_event(json.loads(line))
+        """Calls on_event for each event of a watch from now on (one JSON object per line). The API
+        server ends a watch at its timeout, and its watch cache drops a watcher that falls behind
+        (this client, niced, under a burst's thousands of events): watched again from the last
+        resourceVersion seen, or after a 410 Gone from a fresh LIST (each item as an ADDED event).
+        Before this a burst's run could stop seeing statuses and wait to its timeout."""
+        import aiohttp
+
+        version = ""
+        while True:
+            if not version:
+                async with self.session.get(path) as response:
+                    listed = await response.json()
+                for item in listed.get("items") or ():
+                    on_event({"type": "ADDED", "object": item})
+                version = listed["metadata"]["resourceVersion"]
+            params = {"watch": "1", "resourceVersion": version, "allowWatchBookmarks": "true"}
+            try:
+                async with self.session.get(path, params=params) as response:
+                    buffer = b""
+                    async for chunk in response.content.iter_any():
+                        buffer += chunk
+                        *lines, buffer = buffer.split(b"\n")
+                        for line in lines:
+                            if not line.strip():
+                                continue
+                            event = json.loads(line)
+                            if event["type"] == "ERROR":  # 410 Gone: too far behind to resume
+                                version = ""
+                                break
+                            version = event["object"]["metadata"]["resourceVersion"]
+                            if event["type"] != "BOOKMARK":
+                                on_event(event)
+                        if not version:
+                            break
+            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError):
+                await asyncio.sleep(0.5)
 
     async def metrics(self) -> dict[str, float]:
         """The API server's own counters, all clients together: requests and their seconds by verb and
@@ -373,7 +405,7 @@ async def run(args: argparse.Namespace) -> str:
                 await api.create(f"{group}/{namespace}/{PLURAL}", bench_job(name, namespace, suspended))
 
         creator = asyncio.gather(*(create(i) for i in range(jobs)))
-        await all_statuses(done, creator, proc, tmp / "operator.log", start, rayjob_at, status_at)
+        await all_statuses(done, creator, proc, tmp / "operator.log", start, rayjob_at, status_at, watchers)
         await creator
         total = max(status_at.values()) - start
         created_s = max(created_at.values()) - start

@@ -714,3 +714,26 @@ def test_the_quantity_pattern_accepts_what_the_api_servers_pattern_accepts(text:
     expected = re.match(APISERVER_QUANTITY_PATTERN, text) is not None
     assert (re.match(QUANTITY_PATTERN, text) is not None) is expected
     assert evaluate_rule(QUANTITY_RULE, text) is expected
+
+
+def test_a_node_is_converted_to_cel_once_for_all_its_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The spec has ~30 rules: converting it for each was most of the operator's CPU per job. The
+    shared conversion changes no verdict (the other tests here), only how often it is made."""
+    from llmtrain.api import cel as cel_module
+
+    from tests.support.jobs import minimal_job
+
+    made: list[dict[str, Any]] = []
+    real = cel_module.cel.Context
+
+    def counting(*, variables: dict[str, Any]) -> Any:
+        made.append(variables)
+        return real(variables=variables)
+
+    monkeypatch.setattr(cel_module.cel, "Context", counting)
+    from llmtrain.api.validation import parse_job
+
+    assert len(openapi_schema()["properties"]["spec"]["x-kubernetes-validations"]) > 10
+    parse_job(minimal_job("j"))
+    specs = [v for v in made if isinstance(v["self"], dict) and "model" in v["self"]]
+    assert len(specs) == 1, f"the spec converted {len(specs)} times"

@@ -21,7 +21,7 @@ from llmtrain.constants import (
     RAYJOB_PLURAL,
     REPORTER_NAME,
 )
-from llmtrain.operator import mirror, reporting
+from llmtrain.operator import mirror, registration, reporting
 from llmtrain.operator.config import OperatorConfig
 from llmtrain.operator.kube import ApiError
 from llmtrain.operator.status import Failure, Step
@@ -330,3 +330,30 @@ def test_start_up_labels_a_page_several_patches_at_a_time_and_pages_in_turn() ->
     assert all(
         name.startswith("j0-") for p, name in kube.order[: kube.order.index(("list", ""), 1)] if p != "list"
     )
+
+
+@pytest.mark.parametrize(("event_type", "runs"), [("ADDED", False), ("MODIFIED", False), ("DELETED", True)])
+def test_kopf_runs_forget_deleted_for_a_deleted_event_only(event_type: str, runs: bool) -> None:
+    """Through Kopf's own handler lookup: every other event of a job (~6 a job in a burst) would be
+    a hop to a handler thread and a log line for nothing."""
+    from kopf._cogs.structs.bodies import Body
+    from kopf._cogs.structs.ephemera import Memo
+    from kopf._cogs.structs.patches import Patch
+    from kopf._cogs.structs.references import Resource
+    from kopf._core.intents.causes import WatchingCause
+
+    registry = kopf.OperatorRegistry()
+    registration.register(registry)
+    raw = {"type": event_type, "object": job("j", {"phase": "Running"})}
+    cause = WatchingCause(
+        logger=logging.getLogger("test"),
+        indices={},  # type: ignore[arg-type]
+        memo=Memo(),
+        resource=Resource(API_GROUP, API_VERSION, PLURAL),
+        patch=Patch(),
+        body=Body(raw["object"]),
+        type=event_type,  # type: ignore[arg-type]
+        event=raw,  # type: ignore[arg-type]
+    )
+    found = [h.fn for h in registry._watching.get_handlers(cause)]
+    assert (registration.forget_deleted in found) is runs

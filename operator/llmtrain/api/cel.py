@@ -41,11 +41,24 @@ def _is_transition(rule: str) -> bool:
 
 def evaluate_rule(rule: str, value: Any, old: Any = _MISSING) -> bool:
     """True when the rule holds. An evaluation error (e.g. a missing field) counts as a failure."""
-    context = {"self": value}
-    if old is not _MISSING:
-        context["oldSelf"] = old
+    return _holds(_program(rule), _context(value, old))
+
+
+def _context(value: Any, old: Any = _MISSING) -> cel.Context | dict[str, Any]:
+    """`self` (and `oldSelf`) converted to CEL values once, for every rule of a node: a schema node
+    with many rules (the spec has ~30) otherwise converted its whole subtree for each rule, most of
+    the operator's CPU per job in a burst. A value the binding cannot convert stays a dict: each
+    rule's evaluation then fails as it would have."""
+    variables = {"self": value} if old is _MISSING else {"self": value, "oldSelf": old}
     try:
-        return _program(rule).execute(context) is True
+        return cel.Context(variables=variables)
+    except Exception:  # the binding raises TypeError, ValueError... for a value it cannot convert
+        return variables
+
+
+def _holds(program: cel.Program, context: cel.Context | dict[str, Any]) -> bool:
+    try:
+        return program.execute(context) is True
     except Exception:  # the binding raises KeyError, TypeError, RuntimeError... for CEL errors
         return False
 
@@ -72,14 +85,19 @@ def typed(value: Any, schema: dict[str, Any]) -> Any:
 
 
 def _walk(schema: dict[str, Any], obj: Any, old: Any, path: str) -> Iterator[RuleViolation]:
-    for entry in schema.get("x-kubernetes-validations", []):
+    entries = schema.get("x-kubernetes-validations", [])
+    plain: cel.Context | dict[str, Any] | None = None
+    transition: cel.Context | dict[str, Any] | None = None
+    for entry in entries:
         rule = entry["rule"]
         if _is_transition(rule):
             if old is _MISSING:
                 continue
-            ok = evaluate_rule(rule, obj, old)
+            transition = transition if transition is not None else _context(obj, old)
+            ok = _holds(_program(rule), transition)
         else:
-            ok = evaluate_rule(rule, obj)
+            plain = plain if plain is not None else _context(obj)
+            ok = _holds(_program(rule), plain)
         if not ok:
             where = path + entry.get("fieldPath", "")
             yield RuleViolation(where or ".", entry.get("message", f"failed rule: {rule}"), rule)

@@ -7,7 +7,7 @@ import logging
 import kopf
 from prometheus_client import start_http_server
 
-from llmtrain.operator import discovery, kube, registration, settings
+from llmtrain.operator import discovery, kube, registration, settings, slim
 from llmtrain.operator.config import OperatorConfig
 from llmtrain.operator.election import release, wait_until_leading
 from llmtrain.operator.metrics import LEADER, PHASE_BOOK
@@ -25,6 +25,7 @@ def run_operator(config: OperatorConfig) -> int:
     )
     logging.getLogger().setLevel(_LEVELS[config.log_level])
     discovery.serve_late_crds()
+    slim.install()
     registry = kopf.OperatorRegistry()
     registration.register(registry)
     operator_settings = kopf.OperatorSettings()
