@@ -880,3 +880,65 @@ def test_a_refusal_or_a_wait_for_kueue_warns_once_per_problem_and_keeps_the_phas
     other = {"phase": "Initializing", "message": "waiting for something else"}
     changed = operator_status({"metadata": {"generation": 3}, "status": other}, None, outcome, now)
     assert changed.announce == "write"
+
+
+@pytest.mark.parametrize(
+    ("condition", "kept"),
+    [
+        ({"type": "Failed", "status": "True", "reason": "AuthUnsupported"}, True),
+        ({"type": "Failed", "status": "True", "reason": "KueueDeactivated"}, True),
+        ({"type": "Failed", "status": "True", "reason": "AppFailed"}, False),
+        ({"type": "Failed", "status": "False", "reason": "AuthUnsupported"}, False),
+        ({"type": "Running", "status": "True", "reason": "AuthUnsupported"}, False),
+    ],
+)
+def test_a_job_the_operator_failed_keeps_its_failure_when_its_stopped_rayjob_ends(
+    condition: dict, kept: bool
+) -> None:
+    """Failed by the operator (no Ray auth, or Kueue deactivated its Workload), the job keeps its own
+    message when the RayJob it stopped ends as stopped; a failure of the RayJob's own is mirrored."""
+    from llmtrain.operator.status import Step
+
+    job = {
+        "metadata": {"name": "j", "generation": 1},
+        "status": {"phase": "Failed", "message": "the operator's words", "conditions": [condition]},
+    }
+    stopped = {
+        "metadata": {"name": "j"},
+        "status": {"jobDeploymentStatus": "Complete", "jobStatus": "STOPPED"},
+    }
+    said = operator_status(job, stopped, Step.MIRRORED, "t")
+    if kept:
+        assert said.update == {} and said.event is None
+    else:
+        assert (said.update["phase"], said.update["message"]) == (
+            "Failed",
+            "the Ray job was stopped before it finished",
+        )
+
+
+def test_a_rayjob_kueue_manages_without_a_queue_name_is_queued_in_kueue() -> None:
+    """The operator marks a RayJob that Kueue manages without a queue label (manageJobsWithoutQueueName):
+    suspended, it waits for Kueue's admission, and the message cannot name a LocalQueue."""
+    from llmtrain.constants import KUEUE_MANAGED_ANNOTATION, KUEUE_QUEUE_LABEL
+    from llmtrain.operator.status import derive
+
+    managed = {
+        "metadata": {"name": "j", "annotations": {KUEUE_MANAGED_ANNOTATION: "true"}},
+        "status": {"jobDeploymentStatus": "Suspended"},
+    }
+    update, observed = derive(managed, {}, 1, "t")
+    assert (update["phase"], observed.reason) == ("Pending", "Queued")
+    assert update["message"] == (
+        "queued in Kueue (it manages jobs without a queue name here): waiting for quota to admit it (a "
+        "preempted job waits here too, and resumes from its latest checkpoint)"
+    )
+    labelled = {**managed, "metadata": {**managed["metadata"], "labels": {KUEUE_QUEUE_LABEL: "q"}}}
+    assert derive(labelled, {}, 1, "t")[0]["message"].startswith("queued in Kueue LocalQueue 'q':")
+    unmanaged = {**managed, "metadata": {"name": "j", "annotations": {KUEUE_MANAGED_ANNOTATION: "false"}}}
+    assert derive(unmanaged, {}, 1, "t")[0]["phase"] == "Suspended"
+    held = observe({"jobDeploymentStatus": "Suspended"}, queue="", suspended_by_user=True)
+    assert held.message == (
+        "suspended (runPolicy.suspend): its Kueue Workload is deactivated and holds no quota in "
+        "Kueue (it manages jobs without a queue name here); set runPolicy.suspend to false to queue it again"
+    )

@@ -12,7 +12,14 @@ from llmtrain.constants import FINISHED_LABEL, JOB_LABEL, KUEUE_QUEUE_LABEL, ROL
 from llmtrain.operator.children import drift_patch
 from llmtrain.operator.diagnosis import Diagnosis, diagnose, startup_expired
 from llmtrain.operator.startup import deadline_seconds, stopped
-from llmtrain.operator.status import Startup, Step, operator_status, startup_failed
+from llmtrain.operator.status import (
+    Announcement,
+    Startup,
+    Step,
+    operator_status,
+    recorded_diagnosis,
+    startup_failed,
+)
 from llmtrain.render.rayjob import ImageSettings, render_rayjob
 
 from tests.support.jobs import minimal_job
@@ -329,6 +336,146 @@ def test_at_the_deadline_the_job_fails_naming_the_last_cause_seen_and_its_rayjob
         job(said.update), rayjob("Suspending"), Step.MIRRORED, "2026-11-26T10:10:05Z", Startup(600)
     )
     assert after.update == {}
+
+
+def _condition(update: dict[str, Any], ctype: str) -> dict[str, Any] | None:
+    return next((c for c in update["conditions"] if c["type"] == ctype), None)
+
+
+def test_startup_blocked_keeps_its_time_while_the_cause_stays_and_turns_false_once_started() -> None:
+    """The Warning goes out when a cause is first written, not on every look; the condition keeps
+    the time the cause was first seen; once the cluster runs it turns False (NoCauseFound)."""
+    created = {"type": "Created", "status": "True", "reason": "RayJobCreated", "message": ""}
+    created["lastTransitionTime"] = "2026-11-26T09:59:00Z"
+    t1, t2, t3 = "2026-11-26T10:01:00Z", "2026-11-26T10:02:00Z", "2026-11-26T10:03:00Z"
+    first = operator_status(
+        job({"conditions": [created]}), rayjob("Initializing"), Step.MIRRORED, t1, Startup(600, CAUSE)
+    )
+    message = (
+        f"Ray cluster is starting; waiting: {CAUSE.message}; it fails at 2026-11-26T10:10:00Z if it "
+        "has not started (runPolicy.startupDeadlineSeconds)"
+    )
+    assert (first.update["phase"], first.update["message"]) == ("Initializing", message)
+    assert first.event == Announcement("Warning", "ImagePullFailed", f"phase None → Initializing: {message}")
+    assert first.announce == "write"
+    blocked = {
+        "type": "StartupBlocked",
+        "status": "True",
+        "reason": "ImagePullFailed",
+        "message": CAUSE.message,
+    }
+    assert _condition(first.update, "StartupBlocked") == {
+        **blocked,
+        "lastTransitionTime": t1,
+        "observedGeneration": 1,
+    }
+    assert _condition(first.update, "Created") == {**created, "observedGeneration": 1}
+    again = operator_status(job(first.update), rayjob("Initializing"), Step.MIRRORED, t2, Startup(600, CAUSE))
+    assert again.event == Announcement(
+        "Warning", "ImagePullFailed", f"phase Initializing → Initializing: {message}"
+    )
+    assert again.announce == "phase"
+    assert _condition(again.update, "StartupBlocked") == {
+        **blocked,
+        "lastTransitionTime": t1,
+        "observedGeneration": 1,
+    }
+    # Running: a cause found now is not the job's; the condition turns False.
+    started = operator_status(job(again.update), rayjob("Running"), Step.MIRRORED, t3, Startup(600, CAUSE))
+    assert (started.update["phase"], started.update["message"]) == ("Running", "training")
+    assert _condition(started.update, "StartupBlocked") == {
+        "type": "StartupBlocked",
+        "status": "False",
+        "reason": "NoCauseFound",
+        "message": "",
+        "lastTransitionTime": t3,
+        "observedGeneration": 1,
+    }
+
+
+def test_a_job_never_blocked_has_no_startup_condition_and_a_retry_is_not_a_blocked_start() -> None:
+    running = operator_status(job(), rayjob("Running"), Step.MIRRORED, "2026-11-26T10:01:00Z", Startup(600))
+    assert running.update["phase"] == "Running" and _condition(running.update, "StartupBlocked") is None
+    retry = operator_status(
+        job({"phase": "Running"}),
+        rayjob("Retrying"),
+        Step.MIRRORED,
+        "2026-11-26T10:01:00Z",
+        Startup(600, CAUSE),
+    )
+    assert (
+        retry.update["message"]
+        == "retrying on a new Ray cluster; training resumes from the latest checkpoint"
+    )
+    assert retry.event is not None and retry.event.reason == "Retrying"
+    assert _condition(retry.update, "StartupBlocked") is None
+    # Without KubeRay's startTime the deadline is unknown: the message names no time.
+    unknown = operator_status(
+        job(), rayjob("Initializing", start=None), Step.MIRRORED, "2026-11-26T10:01:00Z", Startup(600, CAUSE)
+    )
+    assert unknown.update["message"] == f"Ray cluster is starting; waiting: {CAUSE.message}"
+
+
+def test_a_job_failed_at_its_deadline_says_why_in_its_message_event_and_conditions() -> None:
+    now = "2026-11-26T10:10:00Z"
+    said = operator_status(
+        job({"phase": "Initializing"}), rayjob("Initializing"), Step.MIRRORED, now, Startup(600, CAUSE)
+    )
+    message = (
+        f"the Ray cluster did not start within runPolicy.startupDeadlineSeconds (600 s): {CAUSE.message}; "
+        "its Ray cluster is stopped and the job is not retried"
+    )
+    assert (said.update["phase"], said.update["message"]) == ("Failed", message)
+    assert said.event == Announcement("Warning", "StartupDeadlineExceeded", message)
+    assert said.announce == "write" and said.stop_rayjob
+    assert _condition(said.update, "Failed") == {
+        "type": "Failed",
+        "status": "True",
+        "reason": "StartupDeadlineExceeded",
+        "message": message,
+        "lastTransitionTime": now,
+        "observedGeneration": 1,
+    }
+    assert _condition(said.update, "StartupBlocked") == {
+        "type": "StartupBlocked",
+        "status": "True",
+        "reason": "ImagePullFailed",
+        "message": CAUSE.message,
+        "lastTransitionTime": now,
+        "observedGeneration": 1,
+    }
+    # Nothing ever found: the message says so, and no StartupBlocked is written.
+    unexplained = operator_status(job(), rayjob("Initializing"), Step.MIRRORED, now, Startup(600))
+    assert unexplained.update["message"] == (
+        "the Ray cluster did not start within runPolicy.startupDeadlineSeconds (600 s): no cause found "
+        "in its pods and their Events; its Ray cluster is stopped and the job is not retried"
+    )
+    assert _condition(unexplained.update, "StartupBlocked") is None
+
+
+def test_at_the_deadline_the_cause_recorded_earlier_is_the_one_reported() -> None:
+    recorded = {
+        "type": "StartupBlocked",
+        "status": "True",
+        "reason": "ImagePullFailed",
+        "message": CAUSE.message,
+    }
+    status = {
+        "phase": "Initializing",
+        "conditions": [{**recorded, "lastTransitionTime": "2026-11-26T10:01:00Z"}],
+    }
+    said = operator_status(
+        job(status), rayjob("Initializing"), Step.MIRRORED, "2026-11-26T10:10:00Z", Startup(600)
+    )
+    assert _condition(said.update, "StartupBlocked") == {
+        **recorded,
+        "lastTransitionTime": "2026-11-26T10:01:00Z",
+        "observedGeneration": 1,
+    }
+    assert recorded_diagnosis({"conditions": [{**recorded, "message": None}]}) == Diagnosis(
+        "ImagePullFailed", ""
+    )
+    assert recorded_diagnosis({"conditions": [{**recorded, "status": "False"}]}) is None
 
 
 def test_a_stopped_rayjob_is_suspended_unless_kueue_owns_suspend_and_an_edit_never_resumes_it() -> None:

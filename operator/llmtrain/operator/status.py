@@ -530,10 +530,8 @@ def startup_status(
         at = deadline_at(rayjob, startup.deadline_seconds)
         until = f"; it fails at {at} if it has not started (runPolicy.startupDeadlineSeconds)" if at else ""
         message = f"{observed.message}; waiting: {diagnosis.message}{until}"
-        conditions = conditions_for(
-            observed.phase, observed.reason, message, generation, list(status.get("conditions") or []), now
-        )
-        conditions = _startup_condition(conditions, diagnosis, generation, now)
+        # The mirror's conditions stand: Initializing has no condition of its own to carry the message.
+        conditions = _startup_condition(update["conditions"], diagnosis, generation, now)
         previous = status.get("phase") or "None"
         event = Announcement("Warning", diagnosis.reason, f"phase {previous} → {observed.phase}: {message}")
         blocked = recorded_diagnosis(status)
