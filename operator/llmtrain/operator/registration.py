@@ -92,9 +92,8 @@ def forget_deleted(event: kopf.RawEvent, meta: kopf.Meta, memo: kopf.Memo, **_: 
 
     Kopf watches only unfinished jobs (settings.py), so a job labelled finished leaves its view
     as a DELETED event too (the API server sends the object as it was before the label). Such a
-    job is still stored: read again, it stays on the gauge among the finished ones."""
-    if event.get("type") != "DELETED":
-        return
+    job is still stored: read again, it stays on the gauge among the finished ones. Kopf calls it
+    for DELETED events only (`deleted`, its registration's filter)."""
     key = job_key(meta)
     try:
         stored = read_again(memo.kube, event["object"])
