@@ -3,14 +3,14 @@
 
 What is real here: the API server, the scheduler (its PodScheduled conditions and FailedScheduling
 Events, against kwok's 2 x 8-GPU tainted nodes and one CPU node), KubeRay v1.6.1 (the RayCluster,
-its pods, `preRunningDeadlineSeconds` turning the attempt to Retrying with
-PreRunningDeadlineExceeded, the suspend that deletes the cluster) and the operator's RBAC. What is
-not: kwok runs no kubelet, so no image is pulled and no Secret is resolved. For those two causes a
-kwok Stage (applied to the test's namespace only) writes what a kubelet writes for such a pod: phase
-Pending, Ready False, each container waiting with CreateContainerConfigError and `secret "<name>"
-not found`, or ImagePullBackOff and `Back-off pulling image "<image>"`. The Stage takes the Secret's
-name and the image from the pod KubeRay made, so they come from the job's spec through the
-operator's RayJob and KubeRay, as they would on a real node.
+its pods, its `preRunningDeadlineSeconds`, which would retry the attempt on a second cluster had
+the operator not failed the job first, the suspend that deletes the cluster) and the operator's
+RBAC. What is not: kwok runs no kubelet, so no image is pulled and no Secret is resolved. For
+those two causes a kwok Stage (applied to the test's namespace only) writes what a kubelet writes
+for such a pod: phase Pending, Ready False, each container waiting with CreateContainerConfigError
+and `secret "<name>" not found`, or ImagePullBackOff and `Back-off pulling image "<image>"`. The
+Stage takes the Secret's name and the image from the pod KubeRay made, so they come from the job's
+spec through the operator's RayJob and KubeRay, as they would on a real node.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from tests.support.cluster import nodes
 from tests.support.cluster.cluster import Cluster
 from tests.support.cluster.steps import (
     OperatorProcess,
+    Watch,
     apply_doc,
     cpu_job,
     get,
@@ -119,6 +120,47 @@ def test_more_gpus_than_a_node_has_are_named_then_the_job_fails_at_its_startup_d
     assert "runPolicy.startupDeadlineSeconds" in status["message"]
     assert "InsufficientGPU" in _warnings(cluster, namespace, name)
     _assert_failed_and_stopped(cluster, namespace, name, f"16 {GPU}")
+
+
+@pytest.mark.usefixtures("jobs_deleted_first")
+def test_the_operator_fails_a_job_at_its_startup_deadline_before_kuberay_retries_it(
+    cluster: Cluster, operator: OperatorProcess, namespace: str
+) -> None:
+    """KubeRay retries an attempt that passed its preRunningDeadlineSeconds (on a second Ray
+    cluster, while backoffLimit lasts): the operator's own check must fail the job and stop its
+    RayJob first, so KubeRay never counts the attempt failed nor creates another cluster."""
+    cluster.kubectl("create", "secret", "generic", "hf-token", "-n", namespace, "--from-literal=token=x")
+    name = "llama3-8b-fsdp"
+    deadline = 12  # seconds: past the operator's first look (10 s), short for the test
+    doc = _gpu_job(
+        namespace,
+        **{"spec.resources.gpusPerWorker": 16, "spec.runPolicy.startupDeadlineSeconds": deadline},
+    )
+    with (
+        Watch(cluster, "rayclusters.ray.io", namespace) as rayclusters,
+        Watch(cluster, "rayjobs.ray.io", namespace) as rayjobs,
+    ):
+        apply_doc(cluster, doc)
+        status = wait_phase(cluster, namespace, name, "Failed", timeout=deadline + 40)
+        assert _condition(status, "Failed").get("reason") == "StartupDeadlineExceeded", status
+        rayjob = wait_for(
+            lambda: (
+                (r := get(cluster, "rayjob", name, namespace))
+                and (r.get("status") or {}).get("jobDeploymentStatus") == "Suspended"
+                and r
+            ),
+            timeout=30,
+            what="the RayJob suspended",
+        )
+    states = [
+        ((v.get("status") or {}).get("jobDeploymentStatus"), (v.get("status") or {}).get("reason"))
+        for v in rayjobs.versions(name)
+    ]
+    expired = [s for s in states if s[0] in ("Retrying", "Failed") or s[1] == "PreRunningDeadlineExceeded"]
+    failed = rayjob["status"].get("failed") or 0
+    clusters = rayclusters.names()
+    # None expired by KubeRay's clock, no failed attempt counted, one Ray cluster ever made.
+    assert (expired, failed, len(clusters)) == ([], 0, 1), f"{states}; RayClusters {sorted(clusters)}"
 
 
 @pytest.mark.usefixtures("jobs_deleted_first")

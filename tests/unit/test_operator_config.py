@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from llmtrain.api.spec import STARTUP_BACKSTOP_SECONDS
 from llmtrain.cli import build_parser
 from llmtrain.operator import config
 from llmtrain.operator.config import Election, OperatorConfig
@@ -92,6 +93,7 @@ def test_flags_reach_the_configuration() -> None:
     [
         ("--workers=0", "--workers"),
         ("--resync-seconds=0", "--resync-seconds"),
+        (f"--startup-look-seconds={STARTUP_BACKSTOP_SECONDS}", "--startup-look-seconds"),  # KubeRay first
         ("--trainer-ray-version=2.51.0", "--trainer-ray-version"),  # below Ray token auth
         ("--trainer-ray-version=latest", "--trainer-ray-version"),
     ],

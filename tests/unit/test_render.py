@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from llmtrain.api.job import LLMTrainingJob
+from llmtrain.api.spec import DEFAULT_STARTUP_DEADLINE_SECONDS, INT32_MAX, STARTUP_BACKSTOP_SECONDS
 from llmtrain.api.trainer_config import TrainerConfig
 from llmtrain.api.validation import parse_job
 from llmtrain.constants import (
@@ -22,6 +23,7 @@ from llmtrain.constants import (
     RAY_VERSION_ENV,
     REPORTER_NAME,
 )
+from llmtrain.operator.config import DEFAULT_RESYNC_SECONDS, DEFAULT_STARTUP_LOOK_SECONDS
 from llmtrain.render import ImageSettings, render
 from llmtrain.render.names import child_name
 from llmtrain.render.network import PROFILES
@@ -430,6 +432,22 @@ def test_rayjob_policy_fields() -> None:
     assert plain["spec"]["suspend"] is False
     assert "activeDeadlineSeconds" not in plain["spec"]
     assert "kueue.x-k8s.io/queue-name" not in plain["metadata"]["labels"]
+
+
+def test_kuberays_startup_deadline_leaves_the_operator_time_to_fail_the_job_first() -> None:
+    """KubeRay retries an attempt past its preRunningDeadlineSeconds (a second Ray cluster), so it is
+    the job's startupDeadlineSeconds plus a margin longer than the operator takes to notice (its
+    start-up look and a resync, at their defaults), within int32."""
+    assert STARTUP_BACKSTOP_SECONDS > DEFAULT_STARTUP_LOOK_SECONDS + DEFAULT_RESYNC_SECONDS
+    for deadline, kuberays in (
+        (30, 30 + STARTUP_BACKSTOP_SECONDS),
+        (DEFAULT_STARTUP_DEADLINE_SECONDS, DEFAULT_STARTUP_DEADLINE_SECONDS + STARTUP_BACKSTOP_SECONDS),
+        (INT32_MAX - 1, INT32_MAX),
+        (INT32_MAX, INT32_MAX),
+    ):
+        spec = rayjob(_gpu_job(runPolicy={"startupDeadlineSeconds": deadline}))["spec"]
+        assert spec["preRunningDeadlineSeconds"] == kuberays, deadline
+    assert rayjob(_gpu_job())["spec"]["preRunningDeadlineSeconds"] == 900 + STARTUP_BACKSTOP_SECONDS
 
 
 def test_kueue_priority_class_and_topology_requests_reach_the_rayjob() -> None:

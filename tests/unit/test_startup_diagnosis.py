@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from llmtrain.api.spec import STARTUP_BACKSTOP_SECONDS
 from llmtrain.api.validation import parse_job
 from llmtrain.constants import FINISHED_LABEL, JOB_LABEL, KUEUE_QUEUE_LABEL, ROLE_LABEL
 from llmtrain.operator.children import drift_patch
@@ -484,7 +485,7 @@ def test_a_stopped_rayjob_is_suspended_unless_kueue_owns_suspend_and_an_edit_nev
     parsed = parse_job(doc)
     assert deadline_seconds(doc) == 30 and deadline_seconds(minimal_job()) == 900
     desired = render_rayjob(parsed, ImageSettings())
-    assert desired["spec"]["preRunningDeadlineSeconds"] == 30
+    assert desired["spec"]["preRunningDeadlineSeconds"] == 30 + STARTUP_BACKSTOP_SECONDS
     existing = {**desired, "spec": {**desired["spec"], "suspend": True, "ttlSecondsAfterFinished": 0}}
     assert drift_patch(stopped(desired), existing) == {}, "the stopped form keeps it suspended"
     assert drift_patch(desired, existing)["spec"]["suspend"] is False, "the plain render would resume it"

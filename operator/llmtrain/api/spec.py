@@ -53,6 +53,14 @@ INT32_MAX = 2**31 - 1
 # minutes, and a job whose pods cannot start should not hold the GPUs of the pods that did for
 # longer than that (Kueue's waitForPodsReady defaults to 5 minutes for the same purpose).
 DEFAULT_STARTUP_DEADLINE_SECONDS = 900
+# KubeRay's preRunningDeadlineSeconds is the job's startupDeadlineSeconds plus this. KubeRay retries
+# an attempt that passes it (on a new Ray cluster, while backoffLimit lasts: only
+# activeDeadlineSeconds is exempt), so the operator's own check, which fails the job and stops its
+# RayJob without a retry, has to fire first. The operator judges a starting job at least every
+# --startup-look-seconds (15 s) and every job at each resync (--resync-seconds, 120 s); the margin
+# exceeds both together, with room for a busy operator's queue and the stop's round trip. KubeRay's
+# deadline is then only the backstop for when no operator runs.
+STARTUP_BACKSTOP_SECONDS = 180
 # checkpoint.everySteps when unset (also in the CEL rule that relates it to training.evalEverySteps).
 DEFAULT_CHECKPOINT_EVERY_STEPS = 500
 
@@ -1030,10 +1038,11 @@ class RunPolicySpec(ApiModel):
         ge=1,
         le=INT32_MAX,
         description="Fail the job when its Ray cluster has not started (every pod running, the job "
-        "submitted) this long after each attempt began (KubeRay preRunningDeadlineSeconds, and "
-        "the operator's own check); the job then fails without a retry, its Ray cluster is "
-        "stopped, and the status names what kept it from starting (unschedulable, image pull, a "
-        "missing Secret or ConfigMap, quota). Time spent queued in Kueue does not count.",
+        "submitted) this long after each attempt began (the operator's check; KubeRay's "
+        f"preRunningDeadlineSeconds, {STARTUP_BACKSTOP_SECONDS} s later, is the backstop while no "
+        "operator runs); the job then fails without a retry, its Ray cluster is stopped, and the "
+        "status names what kept it from starting (unschedulable, image pull, a missing Secret or "
+        "ConfigMap, quota). Time spent queued in Kueue does not count.",
     )
     ttl_seconds_after_finished: int = Field(
         default=300,

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from llmtrain.api.spec import STARTUP_BACKSTOP_SECONDS
 from llmtrain.constants import (
     MIN_RAY_VERSION,
     OPERATOR_NAME,
@@ -181,6 +182,12 @@ def from_args(args: argparse.Namespace) -> OperatorConfig:
         raise ConfigError("--resync-seconds must be positive")
     if args.startup_look_seconds <= 0:
         raise ConfigError("--startup-look-seconds must be positive")
+    if args.startup_look_seconds >= STARTUP_BACKSTOP_SECONDS:
+        # KubeRay's preRunningDeadlineSeconds would then fire first, and KubeRay retries it.
+        raise ConfigError(
+            f"--startup-look-seconds must be below {STARTUP_BACKSTOP_SECONDS} s, the time KubeRay's "
+            "own start-up deadline leaves the operator"
+        )
     if not re.match(SUPPORTED_RAY_VERSION_PATTERN, args.trainer_ray_version):
         raise ConfigError(
             f"--trainer-ray-version {args.trainer_ray_version!r} must be the default trainer image's Ray "

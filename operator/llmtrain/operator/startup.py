@@ -11,8 +11,10 @@ The deadline is judged from KubeRay's `status.startTime`, never from a timer, so
 operator judges it the same. Once it has passed (by the operator's clock, or KubeRay's
 `PreRunningDeadlineExceeded`), the job is Failed first and its RayJob stopped after: suspended
 (or, when Kueue owns `suspend`, its Workload deactivated), which deletes the Ray cluster and its
-pods, and `ttlSecondsAfterFinished: 0`, which deletes a cluster KubeRay already failed. KubeRay
-would otherwise retry the attempt (its backoffLimit counts a start-up expiry as a failure).
+pods (a retry KubeRay has begun included), and `ttlSecondsAfterFinished: 0`, which deletes a
+cluster KubeRay already failed. KubeRay retries an attempt past its own deadline (its backoffLimit
+counts a start-up expiry as a failure), so it gets the deadline later by
+`STARTUP_BACKSTOP_SECONDS` (render/rayjob.py): this check comes first, KubeRay's is the backstop.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmtrain.api.job import LLMTrainingJob
+from llmtrain.api.spec import INT32_MAX, STARTUP_BACKSTOP_SECONDS
 from llmtrain.constants import (
     CONFIG_DIR,
     CONFIG_PATH,
@@ -332,9 +333,12 @@ def render_rayjob(job: LLMTrainingJob, images: ImageSettings) -> dict[str, Any]:
         "ttlSecondsAfterFinished": policy.ttl_seconds_after_finished,
         "backoffLimit": policy.max_retries,
         # KubeRay (>= 1.6) fails an attempt still Initializing (or Waiting) this long after its
-        # start; older ones prune the field, and the operator's own check (operator/startup.py)
-        # enforces it from the same startTime.
-        "preRunningDeadlineSeconds": policy.startup_deadline_seconds,
+        # start, but then retries it: the operator's own check (operator/startup.py) enforces the
+        # deadline from the same startTime, and KubeRay's, later by STARTUP_BACKSTOP_SECONDS (an
+        # int32: clamped), is the backstop. Older KubeRays prune the field.
+        "preRunningDeadlineSeconds": min(
+            policy.startup_deadline_seconds + STARTUP_BACKSTOP_SECONDS, INT32_MAX
+        ),
         # A queued job is created suspended, as Kueue expects; from then on Kueue owns the field.
         "suspend": policy.suspend or policy.queue_name is not None,
         # The submitter checks `ray job status` before it submits (KubeRay >= 1.3), so a re-run

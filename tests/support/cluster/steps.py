@@ -320,6 +320,11 @@ class Watch:
             self._proc.terminate()
             self._proc.wait(timeout=10)
 
+    def names(self) -> set[str]:
+        """Every object seen so far, by name (those deleted since included)."""
+        with self._lock:
+            return {e["object"]["metadata"]["name"] for e in self._events}
+
     def versions(self, name: str) -> list[dict[str, Any]]:
         """The object's states in the order the API server stored them (DELETED events left out)."""
         with self._lock:
