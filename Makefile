@@ -118,9 +118,11 @@ format: $(STAMP) ## apply ruff's formatting and fixes
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# The checkout's own packages first: the venv's editable install points at the checkout it was made
+# in, so from a worktree or a copy it would generate from another tree's code.
 generate: $(STAMP) ## write every generated file: CRD, RBAC rules, API docs, chart values, manifests/
-	$(PY) -m llmtrain.generate
-	$(PY) hack/render_manifests.py
+	PYTHONPATH=operator:trainer_image $(PY) -m llmtrain.generate
+	PYTHONPATH=operator:trainer_image $(PY) hack/render_manifests.py
 
 manifests: generate ## render manifests/ from the chart with Helm's engine (after `generate`)
 
