@@ -23,8 +23,7 @@ from llmtrain.constants import RAY_VERSION_ENV
 from llmtrain_trainer.config import DEFAULT_CONFIG_PATH, ConfigError, load_current_config
 from llmtrain_trainer.hubpush import push_destinations
 from llmtrain_trainer.kube_progress import report_export, report_failure
-from llmtrain_trainer.lifecycle import LoopOptions
-from llmtrain_trainer.loop import loop_config, train_loop_per_worker
+from llmtrain_trainer.loop import LoopOptions, loop_config, train_loop_per_worker
 from llmtrain_trainer.objstore import ObjectStoreError, stage_inputs
 from llmtrain_trainer.preflight import PreflightError, check
 from llmtrain_trainer.ray_version import RayVersionMismatch, check_ray_version
