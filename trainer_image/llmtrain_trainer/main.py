@@ -10,12 +10,15 @@ the latest checkpoint.
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import logging
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from llmtrain.api.trainer_config import TrainerConfig
 from llmtrain.constants import RAY_VERSION_ENV
@@ -218,5 +221,26 @@ def publish_export(config: TrainerConfig, handler: RunLogHandler | None) -> int:
     return 0
 
 
+def exit_now(code: int) -> NoReturn:
+    """End the driver process with `code` as the interpreter would, less its final teardown.
+
+    After the atexit handlers, an exiting interpreter frees every module it imported: for the
+    driver's torch, transformers and Ray that is one long garbage collection over millions of
+    objects (5-10 s on a 2-CPU head, after training has ended) that frees nothing the operating
+    system would not. So this does what comes before it, in the interpreter's order: wait for
+    non-daemon threads, run the atexit handlers (Ray's shutdown, which disconnects from the
+    cluster; logging's flush; temporary files), flush stdout and stderr; then it exits at once.
+    """
+    current = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not current and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed, or a reader gone: nothing to flush to
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
