@@ -23,16 +23,17 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import datasets
 import torch
-from datasets import Dataset, concatenate_datasets, load_dataset
-from datasets.fingerprint import get_temporary_cache_files_directory
 from llmtrain.api.spec import DatasetSpec
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from llmtrain_trainer.cpus import available_cpus
+
+if TYPE_CHECKING:  # `datasets` (with pyarrow and pandas) is imported where records are loaded: the
+    # driver's preflight imports this module for `data_files` alone.
+    from datasets import Dataset
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,8 @@ def load_records(spec: DatasetSpec) -> Dataset:
 
     Text files become one record per paragraph (blank-line separated), in a `text` column.
     """
+    from datasets import Dataset, load_dataset
+
     if spec.name:
         dataset = load_dataset(spec.name, split=spec.split, token=os.environ.get("HF_TOKEN") or None)
     else:
@@ -402,6 +405,8 @@ def cache_key(spec: DatasetSpec, tokenizer: PreTrainedTokenizerBase, data: dict[
 
 def default_cache_root() -> Path:
     """Next to the `datasets` cache, which the operator puts on the shared storage (HF_HOME)."""
+    import datasets
+
     return Path(datasets.config.HF_DATASETS_CACHE) / "llmtrain-tokenized"
 
 
@@ -419,6 +424,8 @@ def tokenize(
 ) -> Dataset:
     """Records → a dataset of `input_ids` and `labels` columns, per dataset.format, uncached (in
     `datasets`' temporary folder); `procs` defaults to tokenize_processes()."""
+    from datasets.fingerprint import get_temporary_cache_files_directory
+
     folder = Path(get_temporary_cache_files_directory()) / uuid.uuid4().hex
     folder.mkdir()
     shards = tokenize_into(
@@ -428,6 +435,8 @@ def tokenize(
 
 
 def _open_shards(folder: Path, names: Sequence[str]) -> Dataset:
+    from datasets import Dataset, concatenate_datasets
+
     shards = [Dataset.from_file(str(folder / name)) for name in names]
     return shards[0] if len(shards) == 1 else concatenate_datasets(shards)
 

@@ -32,8 +32,7 @@ from llmtrain.api.trainer_config import TrainerConfig
 
 from llmtrain_trainer.config import ConfigError, load_config
 from llmtrain_trainer.distributed import WorkerEnv
-from llmtrain_trainer.lifecycle import LoopOptions
-from llmtrain_trainer.loop import run_worker
+from llmtrain_trainer.loop import LoopOptions, run_worker
 from llmtrain_trainer.main import process_group_backend, worker_env_vars
 from llmtrain_trainer.preflight import PreflightError, check
 from llmtrain_trainer.run_context import LocalRunContext, ranks_by_val_loss

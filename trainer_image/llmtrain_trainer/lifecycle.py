@@ -36,6 +36,7 @@ from llmtrain.constants import EXPORT_DIR
 from llmtrain_trainer import checkpoint
 from llmtrain_trainer.checkpoint import PendingCheckpoint, TrainerState
 from llmtrain_trainer.distributed import WorkerEnv
+from llmtrain_trainer.loop import LoopOptions
 from llmtrain_trainer.metrics import MetricsRecord, Throughput, checkpoints_from, eta_seconds, peak_flops
 from llmtrain_trainer.progress import FanOut, open_sinks
 from llmtrain_trainer.resume_from import resolve, run_shape
@@ -44,27 +45,6 @@ from llmtrain_trainer.rundir import RunResult, latest_checkpoint
 
 if TYPE_CHECKING:
     from llmtrain_trainer.modes import Mode
-
-
-@dataclass(frozen=True)
-class LoopOptions:
-    """Driver-side choices passed to the workers next to the TrainerConfig."""
-
-    log_lines: bool = True
-    """Print a log line per metrics record (off under `llmtrain run`, which draws a progress bar)."""
-    checkpoint_at_end: bool = True
-    """Checkpoint the final step even off the checkpoint.everySteps grid (throughput benchmarks
-    turn it off: they do not need to write a multi-gigabyte optimizer state at the end)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"log_lines": self.log_lines, "checkpoint_at_end": self.checkpoint_at_end}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LoopOptions:
-        return cls(
-            log_lines=bool(data.get("log_lines", True)),
-            checkpoint_at_end=bool(data.get("checkpoint_at_end", True)),
-        )
 
 
 @dataclass(frozen=True)

@@ -214,7 +214,7 @@ def run_local(
 
     import ray as ray_module
 
-    from llmtrain_trainer.lifecycle import LoopOptions
+    from llmtrain_trainer.loop import LoopOptions
     from llmtrain_trainer.main import TrainingError, run_training
     from llmtrain_trainer.modes import mode_for
     from llmtrain_trainer.preflight import PreflightError, check

@@ -4,24 +4,48 @@ launch.py runs the same `run_worker` without Ray (one process, or one per torchr
 up the worker (logging, `WorkerEnv`, the fabric check), picks the mode registered for
 spec.trainer.type (modes/) and runs it inside the run's lifecycle (lifecycle.py), which owns the
 resume point, the records, checkpoint registration and the result.
+
+The driver imports this module for `loop_config` and `train_loop_per_worker` (Ray pickles the
+function by reference, and each worker imports the module). What only a worker runs (the
+lifecycle, the modes, torch's collectives) is imported inside the functions, so the driver does
+not pay for the training stack it never uses.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
 from llmtrain.api.trainer_config import TrainerConfig
 
-from llmtrain_trainer.distributed import WorkerEnv
-from llmtrain_trainer.fabric_check import check_fabric, should_check
-from llmtrain_trainer.lifecycle import Lifecycle, LoopOptions
-from llmtrain_trainer.modes import mode_for
-from llmtrain_trainer.run_context import RayRunContext, RunContext
 from llmtrain_trainer.run_logs import attach_worker, detach
+
+if TYPE_CHECKING:
+    from llmtrain_trainer.distributed import WorkerEnv
+    from llmtrain_trainer.run_context import RunContext
+
+
+@dataclass(frozen=True)
+class LoopOptions:
+    """Driver-side choices passed to the workers next to the TrainerConfig."""
+
+    log_lines: bool = True
+    """Print a log line per metrics record (off under `llmtrain run`, which draws a progress bar)."""
+    checkpoint_at_end: bool = True
+    """Checkpoint the final step even off the checkpoint.everySteps grid (throughput benchmarks
+    turn it off: they do not need to write a multi-gigabyte optimizer state at the end)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"log_lines": self.log_lines, "checkpoint_at_end": self.checkpoint_at_end}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LoopOptions:
+        return cls(
+            log_lines=bool(data.get("log_lines", True)),
+            checkpoint_at_end=bool(data.get("checkpoint_at_end", True)),
+        )
 
 
 def loop_config(config: TrainerConfig, options: LoopOptions | None = None, **extra: Any) -> dict[str, Any]:
@@ -35,6 +59,9 @@ def loop_config(config: TrainerConfig, options: LoopOptions | None = None, **ext
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     """Ray Train entry point: `loop_config` holds the TrainerConfig (JSON) and the LoopOptions."""
+    from llmtrain_trainer.distributed import WorkerEnv
+    from llmtrain_trainer.run_context import RayRunContext
+
     config = TrainerConfig.model_validate(loop_config["trainer_config"])
     options = LoopOptions.from_dict(loop_config.get("options", {}))
     run_worker(config, options, WorkerEnv.from_ray_context(), RayRunContext.run_dir(), RayRunContext())
@@ -47,6 +74,10 @@ def run_worker(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("llmtrain_trainer").setLevel(logging.INFO)
     import datasets
+
+    from llmtrain_trainer.fabric_check import check_fabric, should_check
+    from llmtrain_trainer.lifecycle import Lifecycle
+    from llmtrain_trainer.modes import mode_for
 
     datasets.disable_progress_bars()
     saved = attach_worker(run_dir, env.rank)  # this rank's log, kept on the shared storage
@@ -65,6 +96,9 @@ def run_worker(
 
 def _first_collective(env: WorkerEnv) -> None:
     """An all-reduce of one element: NCCL creates its communicator (and logs its transport)."""
+    import torch
+    import torch.distributed as dist
+
     probe = torch.ones(1, device=env.device)
     dist.all_reduce(probe)
     torch.cuda.synchronize(env.device)

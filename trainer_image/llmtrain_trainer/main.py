@@ -10,12 +10,15 @@ the latest checkpoint.
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import logging
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from llmtrain.api.trainer_config import TrainerConfig
 from llmtrain.constants import RAY_VERSION_ENV
@@ -23,8 +26,7 @@ from llmtrain.constants import RAY_VERSION_ENV
 from llmtrain_trainer.config import DEFAULT_CONFIG_PATH, ConfigError, load_current_config
 from llmtrain_trainer.hubpush import push_destinations
 from llmtrain_trainer.kube_progress import report_export, report_failure
-from llmtrain_trainer.lifecycle import LoopOptions
-from llmtrain_trainer.loop import loop_config, train_loop_per_worker
+from llmtrain_trainer.loop import LoopOptions, loop_config, train_loop_per_worker
 from llmtrain_trainer.objstore import ObjectStoreError, stage_inputs
 from llmtrain_trainer.preflight import PreflightError, check
 from llmtrain_trainer.ray_version import RayVersionMismatch, check_ray_version
@@ -219,5 +221,27 @@ def publish_export(config: TrainerConfig, handler: RunLogHandler | None) -> int:
     return 0
 
 
+def exit_now(code: int) -> NoReturn:
+    """End the driver process with `code` as the interpreter would, less its final teardown.
+
+    After the atexit handlers, an exiting interpreter frees every module it imported: for the
+    driver's torch, transformers and Ray that is one long garbage collection (3.5 to 9.7 s on a
+    busy 2-CPU machine, after training has ended, against 0.2 s without it) that frees nothing the
+    operating system would not. So this does what comes before it, in the interpreter's order:
+    wait for non-daemon threads, run the atexit handlers (Ray's shutdown, which disconnects from
+    the cluster; logging's flush; temporary files), flush stdout and stderr; then it exits at once.
+    An exception out of `main` still takes the interpreter's own way out, traceback and all.
+    """
+    current = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not current and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed, or a reader gone: nothing to flush to
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

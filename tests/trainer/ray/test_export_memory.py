@@ -22,7 +22,7 @@ import pytest
 from llmtrain.api.trainer_config import TrainerConfig
 from llmtrain_trainer.distributed import WorkerEnv
 from llmtrain_trainer.lifecycle import Lifecycle, LoopOptions
-from llmtrain_trainer.modes import builtin
+from llmtrain_trainer.modes import mode_for
 from llmtrain_trainer.modes.builtin import TrainingRun
 from llmtrain_trainer.strategies.fsdp import FsdpStrategy
 from llmtrain_trainer.tokenizer import load_tokenizer
@@ -70,7 +70,7 @@ def export_and_measure(loop_config: dict[str, Any]) -> None:
     strategy = FsdpStrategy(config, env, total_steps=1)
     model_bytes = sum(p.numel() * p.element_size() for p in strategy.model.parameters())
     run_dir = Path(loop_config["run_dir"])
-    lifecycle = Lifecycle(config, env, run_dir, LoopOptions(log_lines=False), builtin.MODE)
+    lifecycle = Lifecycle(config, env, run_dir, LoopOptions(log_lines=False), mode_for("builtin"))
     run = TrainingRun(config, env, run_dir, lifecycle)
     tokenizer = load_tokenizer(config.model)
     gc.collect()

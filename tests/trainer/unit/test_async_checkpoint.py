@@ -16,7 +16,7 @@ from llmtrain_trainer import checkpoint
 from llmtrain_trainer.data import SequenceData
 from llmtrain_trainer.distributed import WorkerEnv
 from llmtrain_trainer.lifecycle import Lifecycle, LoopOptions
-from llmtrain_trainer.modes import builtin
+from llmtrain_trainer.modes import mode_for
 from llmtrain_trainer.modes.builtin import TrainingRun
 from llmtrain_trainer.run_context import RayRunContext
 from llmtrain_trainer.rundir import STATE_FILE, checkpoint_name
@@ -56,7 +56,7 @@ def reported(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def _run(tmp_path: Path, async_save: bool) -> TrainingRun:
     config = tiny_config(tmp_path, "ordering", checkpoint={"asyncSave": async_save})
-    lifecycle = Lifecycle(config, ENV, tmp_path / "run", LoopOptions(log_lines=False), builtin.MODE)
+    lifecycle = Lifecycle(config, ENV, tmp_path / "run", LoopOptions(log_lines=False), mode_for("builtin"))
     return TrainingRun(config, ENV, tmp_path / "run", lifecycle)
 
 

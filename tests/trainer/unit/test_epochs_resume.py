@@ -12,7 +12,7 @@ import pytest
 import torch
 from llmtrain_trainer.distributed import WorkerEnv
 from llmtrain_trainer.lifecycle import Lifecycle, LoopOptions
-from llmtrain_trainer.modes import builtin
+from llmtrain_trainer.modes import builtin, mode_for
 from llmtrain_trainer.optim import lr_factor
 from llmtrain_trainer.run_context import RayRunContext
 from llmtrain_trainer.rundir import STATE_FILE, checkpoint_name
@@ -33,7 +33,7 @@ def _attempt(config: Any, monkeypatch: pytest.MonkeyPatch, latest: Path | None) 
 
     monkeypatch.setattr(ray.train, "get_checkpoint", lambda: None if latest is None else Reported())
     run_dir = Path(config.run_dir)
-    with Lifecycle(config, ENV, run_dir, LoopOptions(log_lines=False), builtin.MODE) as life:
+    with Lifecycle(config, ENV, run_dir, LoopOptions(log_lines=False), mode_for("builtin")) as life:
         builtin.TrainingRun(config, ENV, run_dir, life).run()
 
 

@@ -14,7 +14,7 @@ from llmtrain_trainer import checkpoint
 from llmtrain_trainer.checkpoint import TrainerState
 from llmtrain_trainer.distributed import WorkerEnv
 from llmtrain_trainer.lifecycle import Lifecycle, LoopOptions
-from llmtrain_trainer.modes import MODULES, ModeError, mode_for, refuse_unsupported
+from llmtrain_trainer.modes import MODES, ModeError, mode_for, refuse_unsupported
 from llmtrain_trainer.preflight import _check_trainer
 from llmtrain_trainer.progress import read_records
 from llmtrain_trainer.run_context import RayRunContext
@@ -42,7 +42,7 @@ def lifecycle(config: TrainerConfig) -> Lifecycle:
 
 
 def test_every_trainer_type_has_a_mode_named_after_it() -> None:
-    for trainer_type in MODULES:
+    for trainer_type in MODES:
         assert mode_for(trainer_type).name == trainer_type
     with pytest.raises(ModeError, match=r"trainer\.type 'other'"):
         mode_for("other")

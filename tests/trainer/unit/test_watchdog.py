@@ -201,7 +201,7 @@ def test_only_rank_zero_writes_the_status(tmp_path: Path, monkeypatch: pytest.Mo
     from llmtrain_trainer import kube_progress
     from llmtrain_trainer.distributed import WorkerEnv
     from llmtrain_trainer.lifecycle import Lifecycle, LoopOptions
-    from llmtrain_trainer.modes import builtin
+    from llmtrain_trainer.modes import builtin, mode_for
 
     from tests.support.trainer import tiny_config
 
@@ -213,7 +213,7 @@ def test_only_rank_zero_writes_the_status(tmp_path: Path, monkeypatch: pytest.Mo
     config = tiny_config(tmp_path, "watchdog", progress={"reportToKubernetes": True})
     for rank in (1, 0):
         env = WorkerEnv(rank=rank, world_size=2, local_rank=rank, device=torch.device("cpu"))
-        life = Lifecycle(config, env, tmp_path / "run", LoopOptions(log_lines=False), builtin.MODE)
+        life = Lifecycle(config, env, tmp_path / "run", LoopOptions(log_lines=False), mode_for("builtin"))
         watchdog = builtin.TrainingRun(config, env, tmp_path / "run", life)._watchdog()
         assert watchdog.board == tmp_path / "run" / WATCHDOG_DIR and watchdog.world_size == 2
         watchdog.reporter.stalled(Stall(rank, 3, 700.0, 1800.0))

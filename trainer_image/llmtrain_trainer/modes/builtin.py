@@ -41,7 +41,6 @@ from llmtrain_trainer.model import (
     packed_row_length,
     training_flops,
 )
-from llmtrain_trainer.modes import Refusal
 from llmtrain_trainer.optim import rebase_scheduler
 from llmtrain_trainer.rundir import checkpoint_name
 from llmtrain_trainer.strategies import make_strategy
@@ -52,22 +51,9 @@ from llmtrain_trainer.watchdog import WATCHDOG_DIR, ErrorSink, StallReporter, St
 log = logging.getLogger(__name__)
 
 
-class BuiltinMode:
-    name = "builtin"
-    shaped_checkpoints = True
-    refuses: tuple[Refusal, ...] = ()
-
-    def describe(self, config: TrainerConfig) -> str:
-        return config.strategy.type
-
-    def preflight(self, config: TrainerConfig) -> None:
-        """Everything the loop needs is checked by preflight.py's common checks."""
-
-    def run(self, config: TrainerConfig, env: WorkerEnv, run_dir: Path, lifecycle: Lifecycle) -> None:
-        TrainingRun(config, env, run_dir, lifecycle).run()
-
-
-MODE = BuiltinMode()
+def run_builtin(config: TrainerConfig, env: WorkerEnv, run_dir: Path, lifecycle: Lifecycle) -> None:
+    """The mode's `run` (modes/__init__.py registers the mode and imports this module then)."""
+    TrainingRun(config, env, run_dir, lifecycle).run()
 
 
 def samples_per_step(config: TrainerConfig, world_size: int) -> int:

@@ -21,34 +21,12 @@ from llmtrain.api.trainer_config import TrainerConfig
 
 from llmtrain_trainer.distributed import WorkerEnv
 from llmtrain_trainer.lifecycle import Lifecycle
-from llmtrain_trainer.modes import Refusal
 from llmtrain_trainer.modes.reference import resolve
 
 log = logging.getLogger(__name__)
 
 STATE_FILE_NAME = "state.pt"
 REPORTABLE = ("learning_rate", "grad_norm", "tokens_per_second", "epoch", "tokens_seen", "val_loss")
-
-
-class CustomMode:
-    name = "custom"
-    shaped_checkpoints = False  # the function's own files: the platform cannot tell their shape
-    refuses: tuple[Refusal, ...] = ()  # the function reads the whole config: nothing is ignored for it
-
-    def describe(self, config: TrainerConfig) -> str:
-        spec = config.trainer.custom
-        return f"custom trainer {spec.function if spec is not None else '?'}"
-
-    def preflight(self, config: TrainerConfig) -> None:
-        """The function imports and takes one argument (raises CustomFunctionError)."""
-        if config.trainer.custom is not None:
-            resolve(config.trainer.custom)
-
-    def run(self, config: TrainerConfig, env: WorkerEnv, run_dir: Path, lifecycle: Lifecycle) -> None:
-        run_custom(config, env, run_dir, lifecycle)
-
-
-MODE = CustomMode()
 
 
 @dataclass

@@ -25,7 +25,6 @@ import torch
 import torch.distributed as dist
 from llmtrain.api.spec import LoraSpec
 from llmtrain.api.trainer_config import TrainerConfig
-from llmtrain.api.trainer_spec import HF_SEED_UNSUPPORTED
 from peft import PeftModel
 from ray.train.huggingface.transformers import RayTrainReportCallback, prepare_trainer
 from transformers import EarlyStoppingCallback, PreTrainedModel, Trainer, TrainerCallback
@@ -37,12 +36,10 @@ from llmtrain_trainer.distributed import WorkerEnv, rank_zero_first
 from llmtrain_trainer.export import MERGED_DIR, meta_skeleton
 from llmtrain_trainer.lifecycle import Lifecycle
 from llmtrain_trainer.metrics import MetricsRecord
-from llmtrain_trainer.modes import ModeError, Refusal
 from llmtrain_trainer.modes.hf_args import (
     FSDP_EXPORT_STATE_DICT,
     early_stopping_callbacks,
     training_arguments,
-    unknown_arguments,
 )
 from llmtrain_trainer.tokenizer import load_tokenizer
 from llmtrain_trainer.tracking import tensorboard_dir
@@ -50,54 +47,6 @@ from llmtrain_trainer.weights import fetch_weights
 
 HF_CHECKPOINT = "checkpoint"
 STAGING_DIR = ".hf-output"
-
-
-class HuggingFaceMode:
-    name = "huggingface"
-    shaped_checkpoints = True  # the Trainer's files depend on strategy and method
-    refuses = (
-        Refusal(
-            "strategy.fsdp.hybridShardSize",
-            lambda config: (
-                config.strategy.fsdp is not None and config.strategy.fsdp.hybrid_shard_size is not None
-            ),
-            "strategy.fsdp.hybridShardSize is not supported with trainer.type huggingface (its FSDP "
-            "plugin is configured for plain full sharding); remove it, or use trainer.type builtin",
-        ),
-        Refusal(
-            "resumeFrom.checkpoint",
-            lambda config: config.resume_from is not None and bool(config.resume_from.checkpoint),
-            HF_SEED_UNSUPPORTED,
-        ),
-        # accelerate (1.15, AcceleratorState.__init__) keeps the FSDP plugin only for GPU-class
-        # distributed types; use_cpu gives MULTI_CPU, so the Trainer would silently drop FSDP and
-        # run plain DDP while the job says strategy fsdp. The CRD refuses the same (CEL on spec).
-        Refusal(
-            "strategy.type",
-            lambda config: config.strategy.type == "fsdp" and not config.scaling.use_gpu,
-            "trainer.type huggingface with strategy.type fsdp needs GPUs; "
-            "use strategy.type ddp on CPU workers",
-        ),
-    )
-
-    def describe(self, config: TrainerConfig) -> str:
-        return f"Hugging Face Trainer, {config.strategy.type}"
-
-    def preflight(self, config: TrainerConfig) -> None:
-        """Pass-through arguments must be real TrainingArguments of the installed transformers."""
-        hf = config.trainer.huggingface
-        unknown = unknown_arguments(hf.args) if hf is not None and hf.args else []
-        if unknown:
-            raise ModeError(
-                f"trainer.huggingface.args {unknown} are not transformers.TrainingArguments "
-                "of the trainer image's transformers"
-            )
-
-    def run(self, config: TrainerConfig, env: WorkerEnv, run_dir: Path, lifecycle: Lifecycle) -> None:
-        run_huggingface(config, env, run_dir, lifecycle)
-
-
-MODE = HuggingFaceMode()
 
 
 class CheckpointToRunDir(RayTrainReportCallback):  # type: ignore[misc]
