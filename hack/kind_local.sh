@@ -12,10 +12,12 @@
 #                              nsenter --net=/run/netns/llmtrain-kind kubectl --kubeconfig $LLMTRAIN_CACHE/kind/kubeconfig)
 #   hack/kind_local.sh down    delete the cluster and the network namespace
 #   hack/kind_local.sh clean   down, then remove $LLMTRAIN_CACHE/kind (the Go tools, images and Podman's storage)
+#   hack/kind_local.sh ensure  `image` unless the node image of this script and these pins is there
+#   hack/kind_local.sh env     print the exports that run kind and Podman this way (for eval)
+# No kindnetd (the Go module proxy does not serve it): the cluster runs with kind's default CNI
+# disabled and a ptp + host-local conflist baked into the base image (one node: no routes).
 # Environment: LLMTRAIN_CACHE (default ~/.cache/llmtrain), PYTHON (default .venv/bin/python),
-# KINDNETD_SRC (kind's images/kindnetd, e.g. `git archive b0f7ea99 images/kindnetd` of
-# kubernetes-sigs/kind: the proxy serves no version of that nested module; later commits need an
-# unpublished kube-network-policies).
+# LLMTRAIN_KIND_CLUSTER (the cluster's name, default llmtrain-kind).
 set -euo pipefail
 
 KIND_VERSION=v0.33.0
@@ -30,15 +32,20 @@ PAUSE_IMAGE=registry.k8s.io/pause:3.10
 KINDNETD_IMAGE=docker.io/kindest/kindnetd:v20260820-69b56db7
 PROVISIONER_IMAGE=docker.io/kindest/local-path-provisioner:v20260820-69b56db7
 HELPER_IMAGE=docker.io/kindest/local-path-helper:v20260131-7181c60a
-BASE_IMAGE=localhost/kindest-base:llmtrain
-NODE_IMAGE=localhost/kindest-node:llmtrain
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CACHE=${LLMTRAIN_CACHE:-$HOME/.cache/llmtrain}
 W=$CACHE/kind
 NETNS=llmtrain-kind
-CLUSTER=llmtrain-kind
+CLUSTER=${LLMTRAIN_KIND_CLUSTER:-llmtrain-kind}
 PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
+tool_dir() { PYTHONPATH=$ROOT/hack/tools "$PYTHON" "$ROOT/hack/tools/build_tools.py" --dir "$1"; }
+# The images are tagged with a hash of this script and the pinned tools' cache folders (which
+# name each tool's pins): `ensure` rebuilds when either changes.
+KEY=$( (cat "$0"; for t in containerd runc cni-plugins kubernetes etcd coredns local-path-provisioner; do
+  tool_dir "$t"; done) | sha256sum | cut -c1-12)
+BASE_IMAGE=localhost/kindest-base:llmtrain-$KEY
+NODE_IMAGE=localhost/kindest-node:llmtrain-$KEY
 export GOBIN=$W/bin PATH=$W/shim:$W/bin:$PATH
 export CONTAINERS_STORAGE_CONF=$W/storage.conf CONTAINERS_CONF=$W/containers.conf
 export KIND_EXPERIMENTAL_PROVIDER=podman
@@ -46,7 +53,6 @@ NICE=(nice -n 19 ionice -c3)
 IN_NS=(nsenter "--net=/run/netns/$NETNS")
 
 log() { printf '\n== %s (%(%T)T)\n' "$*" -1; }
-tool_dir() { PYTHONPATH=$ROOT/hack/tools "$PYTHON" "$ROOT/hack/tools/build_tools.py" --dir "$1"; }
 
 setup() {
   command -v podman >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y podman
@@ -93,21 +99,10 @@ EOF
 }
 
 build_tools() {
-  log "Go tools: kind, crictl, ptp, kubeadm, kindnetd; the project's binaries"
+  log "Go tools: kind, crictl, ptp; the project's binaries (kubeadm among Kubernetes')"
   [ -x "$W/bin/kind" ] || "${NICE[@]}" go install "sigs.k8s.io/kind@$KIND_VERSION"
   [ -x "$W/bin/crictl" ] || "${NICE[@]}" go install "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
   [ -x "$W/bin/ptp" ] || "${NICE[@]}" go install "github.com/containernetworking/plugins/plugins/main/ptp@$CNI_VERSION"
-  if [ ! -x "$W/bin/kubeadm" ]; then
-    local mod
-    mod=$(mktemp -d)
-    cp "$ROOT"/hack/tools/kubernetes/go.{mod,sum} "$mod/"
-    (cd "$mod" && CGO_ENABLED=0 "${NICE[@]}" go build -mod=mod -o "$W/bin/kubeadm" k8s.io/kubernetes/cmd/kubeadm)
-    rm -rf "$mod"
-  fi
-  if [ ! -x "$W/bin/kindnetd" ]; then
-    [ -d "${KINDNETD_SRC:-}" ] || { echo "set KINDNETD_SRC (see the header)" >&2; exit 1; }
-    (cd "$KINDNETD_SRC" && CGO_ENABLED=0 "${NICE[@]}" go build -o "$W/bin/kindnetd" ./cmd/kindnetd)
-  fi
   PYTHONPATH=$ROOT/hack/tools "${NICE[@]}" "$PYTHON" "$ROOT/hack/tools/build_tools.py" \
     containerd runc cni-plugins kubernetes etcd coredns local-path-provisioner >/dev/null
 }
@@ -150,6 +145,15 @@ ln -sf /usr/lib/systemd/systemd \$r/sbin/init
 install -m 0755 $containerd/{containerd,ctr,containerd-shim-runc-v2} $W/bin/crictl \$r/usr/local/bin/
 install -m 0755 $runc/runc \$r/usr/local/sbin/runc
 install -m 0755 $cni/{host-local,loopback,portmap} $W/bin/ptp \$r/opt/cni/bin/
+# kindnetd's place: one node, so a ptp link per pod on kind's first pod range, no routes to others
+mkdir -p \$r/etc/cni/net.d
+cat >\$r/etc/cni/net.d/10-llmtrain.conflist <<'CNI'
+{"cniVersion": "0.4.0", "name": "llmtrain", "plugins": [
+  {"type": "ptp", "ipMasq": false, "mtu": 1500,
+   "ipam": {"type": "host-local", "dataDir": "/run/cni-ipam-state",
+            "ranges": [[{"subnet": "10.244.0.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}
+CNI
 chroot \$r systemctl enable kubelet.service containerd.service undo-mount-hacks.service
 chroot \$r systemctl mask systemd-binfmt.service
 mkdir -p \$r/etc/kubernetes/manifests
@@ -197,19 +201,21 @@ build_tarball() {
   rm -rf "$t"
   mkdir -p "$b"
   echo "$K8S" >"$t/kubernetes/version"
-  install -m 0755 "$W/bin/kubeadm" "$k8s/kubelet" "$k8s/kubectl" "$b/"
+  install -m 0755 "$k8s/kubeadm" "$k8s/kubelet" "$k8s/kubectl" "$b/"
   for x in kube-apiserver kube-controller-manager kube-scheduler; do
     static_image "registry.k8s.io/$x:$K8S" "$k8s/$x"
     podman save --format docker-archive -o "$b/$x.tar" "registry.k8s.io/$x:$K8S"
   done
   iptables_image "registry.k8s.io/kube-proxy:$K8S" "$k8s/kube-proxy" '["/usr/local/bin/kube-proxy"]'
-  iptables_image "$KINDNETD_IMAGE" "$W/bin/kindnetd" '["/usr/local/bin/kindnetd"]'
   static_image "$ETCD_IMAGE" "$(tool_dir etcd)/etcd"
   static_image "$COREDNS_IMAGE" "$(tool_dir coredns)/coredns" '["/usr/local/bin/coredns"]'
   static_image "$PROVISIONER_IMAGE" "$(tool_dir local-path-provisioner)/local-path-provisioner"
   pause=$(cd "$ROOT" && PYTHONPATH=hack/tools "$PYTHON" -c 'from tests.support.cluster import images; print(images.pause_archive())')
   busybox=$(cd "$ROOT" && PYTHONPATH=hack/tools "$PYTHON" -c 'from tests.support.cluster import images; print(images.busybox_archive())')
   buildah tag "$(buildah pull --quiet "oci-archive:$pause")" "$PAUSE_IMAGE"
+  # kind's build pulls its default CNI's image whatever the cluster's config; the clusters here
+  # disable that CNI, so the pause image stands in under kindnetd's name.
+  buildah tag "$PAUSE_IMAGE" "$KINDNETD_IMAGE"
   buildah tag "$(buildah pull --quiet "oci-archive:$busybox")" "$HELPER_IMAGE"
   podman save -m --format docker-archive -o "$t/proxy.tar" "registry.k8s.io/kube-proxy:$K8S" \
     "$ETCD_IMAGE" "$COREDNS_IMAGE" "$PAUSE_IMAGE" "$KINDNETD_IMAGE" "$PROVISIONER_IMAGE" "$HELPER_IMAGE"
@@ -257,6 +263,7 @@ kind: Cluster
 apiVersion: kind.x-k8s.io/v1alpha4
 networking:
   ipFamily: ipv4
+  disableDefaultCNI: true
 nodes:
 - role: control-plane
 kubeadmConfigPatches:
@@ -277,6 +284,13 @@ down() {
 
 case ${1:-} in
   image) setup; build_tools; build_base; build_tarball; node_image ;;
+  ensure)
+    setup
+    if ! podman image exists "$NODE_IMAGE"; then build_tools; build_base; build_tarball; node_image; fi ;;
+  env)
+    printf 'export %q %q %q %q\n' "GOBIN=$GOBIN" "PATH=$PATH" "CONTAINERS_STORAGE_CONF=$CONTAINERS_STORAGE_CONF" \
+      "CONTAINERS_CONF=$CONTAINERS_CONF"
+    echo "export KIND_EXPERIMENTAL_PROVIDER=podman" ;;
   node-image) setup; node_image ;;
   up) setup; up ;;
   down) down ;;
@@ -284,5 +298,5 @@ case ${1:-} in
     down
     if grep -q " $W/" /proc/mounts; then echo "still mounted under $W" >&2; exit 1; fi
     rm -rf "$W" ;;
-  *) sed -n 2,18p "$0"; exit 2 ;;
+  *) sed -n 2,22p "$0"; exit 2 ;;
 esac
