@@ -40,12 +40,6 @@ NETNS=llmtrain-kind
 CLUSTER=${LLMTRAIN_KIND_CLUSTER:-llmtrain-kind}
 PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
 tool_dir() { PYTHONPATH=$ROOT/hack/tools "$PYTHON" "$ROOT/hack/tools/build_tools.py" --dir "$1"; }
-# The images are tagged with a hash of this script and the pinned tools' cache folders (which
-# name each tool's pins): `ensure` rebuilds when either changes.
-KEY=$( (cat "$0"; for t in containerd runc cni-plugins kubernetes etcd coredns local-path-provisioner; do
-  tool_dir "$t"; done) | sha256sum | cut -c1-12)
-BASE_IMAGE=localhost/kindest-base:llmtrain-$KEY
-NODE_IMAGE=localhost/kindest-node:llmtrain-$KEY
 export GOBIN=$W/bin PATH=$W/shim:$W/bin:$PATH
 export CONTAINERS_STORAGE_CONF=$W/storage.conf CONTAINERS_CONF=$W/containers.conf
 export KIND_EXPERIMENTAL_PROVIDER=podman
@@ -258,7 +252,16 @@ node_image() {
 
 up() {
   log "kind create cluster"
-  cat >"$W/kind-config.yaml" <<'EOF'
+  # A 2-core host: kubeadm's control plane asks for 650m CPU and CoreDNS for 2 x 100m, which leaves
+  # too little beside the README's example (1.7 CPUs). The static pods ask for 10m each (kubeadm's
+  # patches, mounted into the node), CoreDNS runs one replica at 10m.
+  mkdir -p "$W/kubeadm-patches"
+  local c
+  for c in kube-apiserver kube-controller-manager kube-scheduler etcd; do
+    printf 'spec:\n  containers:\n  - name: %s\n    resources:\n      requests:\n        cpu: 10m\n' "$c" \
+      >"$W/kubeadm-patches/$c+strategic.yaml"
+  done
+  cat >"$W/kind-config.yaml" <<EOF
 kind: Cluster
 apiVersion: kind.x-k8s.io/v1alpha4
 networking:
@@ -266,13 +269,24 @@ networking:
   disableDefaultCNI: true
 nodes:
 - role: control-plane
+  extraMounts:
+  - hostPath: $W/kubeadm-patches
+    containerPath: /kind/llmtrain-patches
+    readOnly: true
 kubeadmConfigPatches:
 - |
   kind: KubeletConfiguration
   failCgroupV1: false
+- |
+  kind: InitConfiguration
+  patches:
+    directory: /kind/llmtrain-patches
 EOF
   "${NICE[@]}" "${IN_NS[@]}" kind create cluster --name "$CLUSTER" --image "$NODE_IMAGE" \
     --config "$W/kind-config.yaml" --kubeconfig "$W/kubeconfig" --wait 180s
+  local kubectl=("${IN_NS[@]}" "$(tool_dir kubernetes)/kubectl" --kubeconfig "$W/kubeconfig" -n kube-system)
+  "${kubectl[@]}" scale deployment/coredns --replicas=1
+  "${kubectl[@]}" set resources deployment/coredns --requests=cpu=10m
 }
 
 down() {
@@ -281,6 +295,17 @@ down() {
     ip netns delete "$NETNS"
   fi
 }
+
+# The images are tagged with a hash of what makes them: the functions above that build them, the
+# pinned versions and image names, and the tools' cache folders (which name each tool's pins).
+# `ensure` rebuilds when one of them changes, not for an edit elsewhere in this script.
+KEY=$( (declare -f build_tools build_base static_image iptables_image build_tarball node_image
+  sed -n '/^KIND_VERSION=/,/^HELPER_IMAGE=/p' "$0"
+  for t in containerd runc cni-plugins kubernetes etcd coredns local-path-provisioner; do
+    tool_dir "$t"
+  done) | sha256sum | cut -c1-12)
+BASE_IMAGE=localhost/kindest-base:llmtrain-$KEY
+NODE_IMAGE=localhost/kindest-node:llmtrain-$KEY
 
 case ${1:-} in
   image) setup; build_tools; build_base; build_tarball; node_image ;;
