@@ -236,7 +236,9 @@ with tarfile.open(dst, "w") as out:
             out.addfile(m, io.BytesIO(d) if d is not None else None)
 EOF
   rm -f "$t/proxy.tar"
-  tar -C "$t" -cf - kubernetes | "${NICE[@]}" pigz -1 >"$W/kubernetes-server-linux-amd64.tar.gz"
+  local gz=gzip
+  command -v pigz >/dev/null && gz=pigz
+  tar -C "$t" -cf - kubernetes | "${NICE[@]}" "$gz" -1 >"$W/kubernetes-server-linux-amd64.tar.gz"
   rm -rf "$t"
 }
 
@@ -298,20 +300,25 @@ down() {
 
 # The images are tagged with a hash of what makes them: the functions above that build them, the
 # pinned versions and image names, and the tools' cache folders (which name each tool's pins).
-# `ensure` rebuilds when one of them changes, not for an edit elsewhere in this script.
-KEY=$( (declare -f build_tools build_base static_image iptables_image build_tarball node_image
-  sed -n '/^KIND_VERSION=/,/^HELPER_IMAGE=/p' "$0"
-  for t in containerd runc cni-plugins kubernetes etcd coredns local-path-provisioner; do
-    tool_dir "$t"
-  done) | sha256sum | cut -c1-12)
-BASE_IMAGE=localhost/kindest-base:llmtrain-$KEY
-NODE_IMAGE=localhost/kindest-node:llmtrain-$KEY
+# `ensure` rebuilds what one of them changes, not for an edit elsewhere in this script.
+key() { sha256sum | cut -c1-12; }
+BASE_KEY=$( (declare -f build_base; sed -n '/^KIND_VERSION=/,/^HELPER_IMAGE=/p' "$0"
+  for t in containerd runc cni-plugins; do tool_dir "$t"; done) | key)
+NODE_KEY=$( (echo "$BASE_KEY"; declare -f build_tools static_image iptables_image build_tarball node_image
+  for t in kubernetes etcd coredns local-path-provisioner; do tool_dir "$t"; done) | key)
+BASE_IMAGE=localhost/kindest-base:llmtrain-$BASE_KEY
+NODE_IMAGE=localhost/kindest-node:llmtrain-$NODE_KEY
 
 case ${1:-} in
   image) setup; build_tools; build_base; build_tarball; node_image ;;
   ensure)
     setup
-    if ! podman image exists "$NODE_IMAGE"; then build_tools; build_base; build_tarball; node_image; fi ;;
+    if ! podman image exists "$NODE_IMAGE"; then
+      build_tools
+      podman image exists "$BASE_IMAGE" || build_base
+      build_tarball
+      node_image
+    fi ;;
   env)
     printf 'export %q %q %q %q\n' "GOBIN=$GOBIN" "PATH=$PATH" "CONTAINERS_STORAGE_CONF=$CONTAINERS_STORAGE_CONF" \
       "CONTAINERS_CONF=$CONTAINERS_CONF"
