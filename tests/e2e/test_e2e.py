@@ -2,9 +2,11 @@
 
 `test_kind_end_to_end` runs tests/e2e/run.sh (minutes; it builds images and trains a model) and
 skips, naming what is missing, when docker (with a reachable daemon), kind, helm or kubectl is not
-there. Everything else here needs none of them: shellcheck, the --dry-run command list, the kind
-config, the storage manifests, and that the script runs examples/tiny-cpu.yaml as its header says
-(the example's own `llmtrain upload` onto the claim it names, then the file unchanged).
+there and neither is what its local mode needs (root, Podman, buildah, mmdebstrap, go, ip and
+nsenter: it builds kind, helm and kubectl itself). Everything else here needs none of them:
+shellcheck, the --dry-run command lists, the kind config, the storage manifests, and that the
+script runs examples/tiny-cpu.yaml as its header says (the example's own `llmtrain upload` onto the
+claim it names, then the file unchanged).
 """
 
 from __future__ import annotations
@@ -96,12 +98,17 @@ def shellcheck() -> str:
 
 
 def missing_prerequisites() -> list[str]:
+    """What neither of run.sh's modes has here: Docker with kind, helm and kubectl, or (local mode,
+    as root) Podman, buildah, mmdebstrap, go and the network namespace tools."""
     missing = [tool for tool in TOOLS if shutil.which(tool) is None]
     if "docker" not in missing:
         info = subprocess.run(["docker", "info"], capture_output=True, check=False, timeout=60)
         if info.returncode != 0:
             missing.append("a reachable docker daemon")
-    return missing
+    local = [tool for tool in LOCAL_TOOLS if shutil.which(tool) is None]
+    if os.geteuid() != 0:
+        local.append("root")
+    return [] if not missing or not local else [*missing, "or for local mode:", *local]
 
 
 @pytest.mark.e2e
@@ -111,7 +118,8 @@ def test_kind_end_to_end() -> None:
         pytest.skip(
             f"kind end-to-end test needs docker, kind, helm and kubectl; missing: {', '.join(missing)}"
         )
-    subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, check=True, timeout=3 * 3600)
+    env = {**os.environ, "PYTHON": sys.executable}
+    subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, check=True, timeout=3 * 3600)
 
 
 # --- the scripts ------------------------------------------------------------------------------
