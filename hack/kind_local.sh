@@ -62,10 +62,13 @@ runroot = "$W/run"
 EOF
   # crun 1.8 refuses this hybrid cgroup host ("cgroups in hybrid mode not supported"); Podman's
   # default rlimits (nofile and nproc above the hard limits) need CAP_SYS_RESOURCE, which root
-  # lacks here; no systemd runs on the host, so cgroupfs and a file for events.
+  # lacks here; no systemd runs on the host, so cgroupfs and a file for events. Podman's default
+  # pids_limit (2048) holds every thread of a kind node: a Ray head's raylet then dies in
+  # pthread_create (EAGAIN); Docker sets none.
   cat >"$W/containers.conf" <<EOF
 [containers]
 netns = "bridge"
+pids_limit = 0
 default_ulimits = ["nofile=20000:20000", "nproc=20000:20000"]
 [engine]
 cgroup_manager = "cgroupfs"
