@@ -290,6 +290,12 @@ EOF
   "${NICE[@]}" "${IN_NS[@]}" kind create cluster --name "$CLUSTER" --image "$NODE_IMAGE" \
     --config "$W/kind-config.yaml" --kubeconfig "$W/kubeconfig" --wait 180s
   local kubectl=("${IN_NS[@]}" "$(tool_dir kubernetes)/kubectl" --kubeconfig "$W/kubeconfig" -n kube-system)
+  # The node's resolv.conf is Podman's (search dns.podman, name servers nothing answers in the
+  # namespace): CoreDNS forwarding there makes every lookup that walks the search list wait for
+  # timeouts, and gRPC's resolver (Ray's GCS client) gives up. Without the forward, names outside
+  # the cluster fail at once.
+  "${kubectl[@]}" get configmap coredns -o yaml | sed '/forward \. \/etc\/resolv.conf/,/}/d' |
+    "${kubectl[@]}" replace -f -
   "${kubectl[@]}" scale deployment/coredns --replicas=1
   "${kubectl[@]}" set resources deployment/coredns --requests=cpu=10m
 }
