@@ -291,10 +291,15 @@ EOF
     --config "$W/kind-config.yaml" --kubeconfig "$W/kubeconfig" --wait 180s
   local kubectl=("${IN_NS[@]}" "$(tool_dir kubernetes)/kubectl" --kubeconfig "$W/kubeconfig" -n kube-system)
   # The node's resolv.conf is Podman's (search dns.podman, name servers nothing answers in the
-  # namespace): CoreDNS forwarding there makes every lookup that walks the search list wait for
-  # timeouts, and gRPC's resolver (Ray's GCS client) gives up. Without the forward, names outside
-  # the cluster fail at once.
-  "${kubectl[@]}" get configmap coredns -o yaml | sed '/forward \. \/etc\/resolv.conf/,/}/d' |
+  # namespace), and the pods' search lists end in dns.podman. CoreDNS forwarding there made each
+  # lookup that walks the list wait for timeouts; without the forward a dns.podman name fails
+  # with SERVFAIL, which stops gRPC's c-ares resolver (Ray's GCS client) before the name itself:
+  # no forward, and dns.podman answered NXDOMAIN, so a lookup goes on to the next name at once.
+  local corefile=$W/Corefile
+  "${kubectl[@]}" get configmap coredns -o jsonpath='{.data.Corefile}' |
+    sed '/forward \. \/etc\/resolv.conf/,/}/d' >"$corefile"
+  printf 'dns.podman:53 {\n    template ANY ANY {\n        rcode NXDOMAIN\n    }\n}\n' >>"$corefile"
+  "${kubectl[@]}" create configmap coredns --from-file=Corefile="$corefile" --dry-run=client -o yaml |
     "${kubectl[@]}" replace -f -
   "${kubectl[@]}" scale deployment/coredns --replicas=1
   "${kubectl[@]}" set resources deployment/coredns --requests=cpu=10m
