@@ -12,7 +12,7 @@
 #                              nsenter --net=/run/netns/llmtrain-kind kubectl --kubeconfig $LLMTRAIN_CACHE/kind/kubeconfig)
 #   hack/kind_local.sh down    delete the cluster and the network namespace
 #   hack/kind_local.sh clean   down, then remove $LLMTRAIN_CACHE/kind (the Go tools, images and Podman's storage)
-#   hack/kind_local.sh ensure  `image` unless the node image of this script and these pins is there
+#   hack/kind_local.sh ensure  `image` unless the node image of this recipe and these pins is there
 #   hack/kind_local.sh env     print the exports that run kind and Podman this way (for eval)
 # No kindnetd (the Go module proxy does not serve it): the cluster runs with kind's default CNI
 # disabled and a ptp + host-local conflist baked into the base image (one node: no routes).
@@ -315,6 +315,10 @@ down() {
 # The images are tagged with a hash of what makes them: the functions above that build them, the
 # pinned versions and image names, and the tools' cache folders (which name each tool's pins).
 # `ensure` rebuilds what one of them changes, not for an edit elsewhere in this script.
+case ${1:-} in
+  image | node-image | ensure | up | down | clean | env) ;;
+  *) sed -n 2,20p "$0"; exit 2 ;;
+esac
 key() { sha256sum | cut -c1-12; }
 BASE_KEY=$( (declare -f build_base; sed -n '/^KIND_VERSION=/,/^HELPER_IMAGE=/p' "$0"
   for t in containerd runc cni-plugins; do tool_dir "$t"; done) | key)
@@ -344,5 +348,4 @@ case ${1:-} in
     down
     if grep -q " $W/" /proc/mounts; then echo "still mounted under $W" >&2; exit 1; fi
     rm -rf "$W" ;;
-  *) sed -n 2,22p "$0"; exit 2 ;;
 esac
