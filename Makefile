@@ -136,8 +136,8 @@ MUTATE_ARGS ?=
 mutate: $(STAMP) ## mutation testing of the core (mutmut; verdicts kept in tests/mutation/verdicts.json; not in `make test`): prints mutation_score=
 	nice -n 15 $(PY) hack/mutate.py $(MUTATE_ARGS)
 
-e2e: $(STAMP) ## kind end-to-end test (needs docker, kind, helm, kubectl; uses .venv's llmtrain upload)
-	LLMTRAIN=$(BIN)/llmtrain bash tests/e2e/run.sh
+e2e: $(STAMP) ## kind end-to-end test (docker, kind, helm, kubectl; without Docker, as root: kind on Podman, all built here)
+	LLMTRAIN=$(BIN)/llmtrain PYTHON=$(PY) bash tests/e2e/run.sh
 
 # The issue's figures: a burst of 1,000 and 10 jobs/s against the plain-client ceiling, then peak RSS
 # beside 1,000 and 5,000 kept jobs. Smaller: BENCH_JOBS=200 BENCH_STEADY=100 BENCH_RETAINED=1000.

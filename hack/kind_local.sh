@@ -12,10 +12,12 @@
 #                              nsenter --net=/run/netns/llmtrain-kind kubectl --kubeconfig $LLMTRAIN_CACHE/kind/kubeconfig)
 #   hack/kind_local.sh down    delete the cluster and the network namespace
 #   hack/kind_local.sh clean   down, then remove $LLMTRAIN_CACHE/kind (the Go tools, images and Podman's storage)
+#   hack/kind_local.sh ensure  `image` unless the node image of this recipe and these pins is there
+#   hack/kind_local.sh env     print the exports that run kind and Podman this way (for eval)
+# No kindnetd (the Go module proxy does not serve it): the cluster runs with kind's default CNI
+# disabled and a ptp + host-local conflist baked into the base image (one node: no routes).
 # Environment: LLMTRAIN_CACHE (default ~/.cache/llmtrain), PYTHON (default .venv/bin/python),
-# KINDNETD_SRC (kind's images/kindnetd, e.g. `git archive b0f7ea99 images/kindnetd` of
-# kubernetes-sigs/kind: the proxy serves no version of that nested module; later commits need an
-# unpublished kube-network-policies).
+# LLMTRAIN_KIND_CLUSTER (the cluster's name, default llmtrain-kind).
 set -euo pipefail
 
 KIND_VERSION=v0.33.0
@@ -30,15 +32,14 @@ PAUSE_IMAGE=registry.k8s.io/pause:3.10
 KINDNETD_IMAGE=docker.io/kindest/kindnetd:v20260820-69b56db7
 PROVISIONER_IMAGE=docker.io/kindest/local-path-provisioner:v20260820-69b56db7
 HELPER_IMAGE=docker.io/kindest/local-path-helper:v20260131-7181c60a
-BASE_IMAGE=localhost/kindest-base:llmtrain
-NODE_IMAGE=localhost/kindest-node:llmtrain
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CACHE=${LLMTRAIN_CACHE:-$HOME/.cache/llmtrain}
 W=$CACHE/kind
 NETNS=llmtrain-kind
-CLUSTER=llmtrain-kind
+CLUSTER=${LLMTRAIN_KIND_CLUSTER:-llmtrain-kind}
 PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
+tool_dir() { PYTHONPATH=$ROOT/hack/tools "$PYTHON" "$ROOT/hack/tools/build_tools.py" --dir "$1"; }
 export GOBIN=$W/bin PATH=$W/shim:$W/bin:$PATH
 export CONTAINERS_STORAGE_CONF=$W/storage.conf CONTAINERS_CONF=$W/containers.conf
 export KIND_EXPERIMENTAL_PROVIDER=podman
@@ -46,7 +47,6 @@ NICE=(nice -n 19 ionice -c3)
 IN_NS=(nsenter "--net=/run/netns/$NETNS")
 
 log() { printf '\n== %s (%(%T)T)\n' "$*" -1; }
-tool_dir() { PYTHONPATH=$ROOT/hack/tools "$PYTHON" "$ROOT/hack/tools/build_tools.py" --dir "$1"; }
 
 setup() {
   command -v podman >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y podman
@@ -62,10 +62,13 @@ runroot = "$W/run"
 EOF
   # crun 1.8 refuses this hybrid cgroup host ("cgroups in hybrid mode not supported"); Podman's
   # default rlimits (nofile and nproc above the hard limits) need CAP_SYS_RESOURCE, which root
-  # lacks here; no systemd runs on the host, so cgroupfs and a file for events.
+  # lacks here; no systemd runs on the host, so cgroupfs and a file for events. Podman's default
+  # pids_limit (2048) holds every thread of a kind node: a Ray head's raylet then dies in
+  # pthread_create (EAGAIN); Docker sets none.
   cat >"$W/containers.conf" <<EOF
 [containers]
 netns = "bridge"
+pids_limit = 0
 default_ulimits = ["nofile=20000:20000", "nproc=20000:20000"]
 [engine]
 cgroup_manager = "cgroupfs"
@@ -93,21 +96,10 @@ EOF
 }
 
 build_tools() {
-  log "Go tools: kind, crictl, ptp, kubeadm, kindnetd; the project's binaries"
+  log "Go tools: kind, crictl, ptp; the project's binaries (kubeadm among Kubernetes')"
   [ -x "$W/bin/kind" ] || "${NICE[@]}" go install "sigs.k8s.io/kind@$KIND_VERSION"
   [ -x "$W/bin/crictl" ] || "${NICE[@]}" go install "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
   [ -x "$W/bin/ptp" ] || "${NICE[@]}" go install "github.com/containernetworking/plugins/plugins/main/ptp@$CNI_VERSION"
-  if [ ! -x "$W/bin/kubeadm" ]; then
-    local mod
-    mod=$(mktemp -d)
-    cp "$ROOT"/hack/tools/kubernetes/go.{mod,sum} "$mod/"
-    (cd "$mod" && CGO_ENABLED=0 "${NICE[@]}" go build -mod=mod -o "$W/bin/kubeadm" k8s.io/kubernetes/cmd/kubeadm)
-    rm -rf "$mod"
-  fi
-  if [ ! -x "$W/bin/kindnetd" ]; then
-    [ -d "${KINDNETD_SRC:-}" ] || { echo "set KINDNETD_SRC (see the header)" >&2; exit 1; }
-    (cd "$KINDNETD_SRC" && CGO_ENABLED=0 "${NICE[@]}" go build -o "$W/bin/kindnetd" ./cmd/kindnetd)
-  fi
   PYTHONPATH=$ROOT/hack/tools "${NICE[@]}" "$PYTHON" "$ROOT/hack/tools/build_tools.py" \
     containerd runc cni-plugins kubernetes etcd coredns local-path-provisioner >/dev/null
 }
@@ -150,6 +142,15 @@ ln -sf /usr/lib/systemd/systemd \$r/sbin/init
 install -m 0755 $containerd/{containerd,ctr,containerd-shim-runc-v2} $W/bin/crictl \$r/usr/local/bin/
 install -m 0755 $runc/runc \$r/usr/local/sbin/runc
 install -m 0755 $cni/{host-local,loopback,portmap} $W/bin/ptp \$r/opt/cni/bin/
+# kindnetd's place: one node, so a ptp link per pod on kind's first pod range, no routes to others
+mkdir -p \$r/etc/cni/net.d
+cat >\$r/etc/cni/net.d/10-llmtrain.conflist <<'CNI'
+{"cniVersion": "0.4.0", "name": "llmtrain", "plugins": [
+  {"type": "ptp", "ipMasq": false, "mtu": 1500,
+   "ipam": {"type": "host-local", "dataDir": "/run/cni-ipam-state",
+            "ranges": [[{"subnet": "10.244.0.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}
+CNI
 chroot \$r systemctl enable kubelet.service containerd.service undo-mount-hacks.service
 chroot \$r systemctl mask systemd-binfmt.service
 mkdir -p \$r/etc/kubernetes/manifests
@@ -197,19 +198,21 @@ build_tarball() {
   rm -rf "$t"
   mkdir -p "$b"
   echo "$K8S" >"$t/kubernetes/version"
-  install -m 0755 "$W/bin/kubeadm" "$k8s/kubelet" "$k8s/kubectl" "$b/"
+  install -m 0755 "$k8s/kubeadm" "$k8s/kubelet" "$k8s/kubectl" "$b/"
   for x in kube-apiserver kube-controller-manager kube-scheduler; do
     static_image "registry.k8s.io/$x:$K8S" "$k8s/$x"
     podman save --format docker-archive -o "$b/$x.tar" "registry.k8s.io/$x:$K8S"
   done
   iptables_image "registry.k8s.io/kube-proxy:$K8S" "$k8s/kube-proxy" '["/usr/local/bin/kube-proxy"]'
-  iptables_image "$KINDNETD_IMAGE" "$W/bin/kindnetd" '["/usr/local/bin/kindnetd"]'
   static_image "$ETCD_IMAGE" "$(tool_dir etcd)/etcd"
   static_image "$COREDNS_IMAGE" "$(tool_dir coredns)/coredns" '["/usr/local/bin/coredns"]'
   static_image "$PROVISIONER_IMAGE" "$(tool_dir local-path-provisioner)/local-path-provisioner"
   pause=$(cd "$ROOT" && PYTHONPATH=hack/tools "$PYTHON" -c 'from tests.support.cluster import images; print(images.pause_archive())')
   busybox=$(cd "$ROOT" && PYTHONPATH=hack/tools "$PYTHON" -c 'from tests.support.cluster import images; print(images.busybox_archive())')
   buildah tag "$(buildah pull --quiet "oci-archive:$pause")" "$PAUSE_IMAGE"
+  # kind's build pulls its default CNI's image whatever the cluster's config; the clusters here
+  # disable that CNI, so the pause image stands in under kindnetd's name.
+  buildah tag "$PAUSE_IMAGE" "$KINDNETD_IMAGE"
   buildah tag "$(buildah pull --quiet "oci-archive:$busybox")" "$HELPER_IMAGE"
   podman save -m --format docker-archive -o "$t/proxy.tar" "registry.k8s.io/kube-proxy:$K8S" \
     "$ETCD_IMAGE" "$COREDNS_IMAGE" "$PAUSE_IMAGE" "$KINDNETD_IMAGE" "$PROVISIONER_IMAGE" "$HELPER_IMAGE"
@@ -236,7 +239,9 @@ with tarfile.open(dst, "w") as out:
             out.addfile(m, io.BytesIO(d) if d is not None else None)
 EOF
   rm -f "$t/proxy.tar"
-  tar -C "$t" -cf - kubernetes | "${NICE[@]}" pigz -1 >"$W/kubernetes-server-linux-amd64.tar.gz"
+  local gz=gzip
+  command -v pigz >/dev/null && gz=pigz
+  tar -C "$t" -cf - kubernetes | "${NICE[@]}" "$gz" -1 >"$W/kubernetes-server-linux-amd64.tar.gz"
   rm -rf "$t"
 }
 
@@ -252,20 +257,52 @@ node_image() {
 
 up() {
   log "kind create cluster"
-  cat >"$W/kind-config.yaml" <<'EOF'
+  # A 2-core host: kubeadm's control plane asks for 650m CPU and CoreDNS for 2 x 100m, which leaves
+  # too little beside the README's example (1.7 CPUs). The static pods ask for 10m each (kubeadm's
+  # patches, mounted into the node), CoreDNS runs one replica at 10m.
+  mkdir -p "$W/kubeadm-patches"
+  local c
+  for c in kube-apiserver kube-controller-manager kube-scheduler etcd; do
+    printf 'spec:\n  containers:\n  - name: %s\n    resources:\n      requests:\n        cpu: 10m\n' "$c" \
+      >"$W/kubeadm-patches/$c+strategic.yaml"
+  done
+  cat >"$W/kind-config.yaml" <<EOF
 kind: Cluster
 apiVersion: kind.x-k8s.io/v1alpha4
 networking:
   ipFamily: ipv4
+  disableDefaultCNI: true
 nodes:
 - role: control-plane
+  extraMounts:
+  - hostPath: $W/kubeadm-patches
+    containerPath: /kind/llmtrain-patches
+    readOnly: true
 kubeadmConfigPatches:
 - |
   kind: KubeletConfiguration
   failCgroupV1: false
+- |
+  kind: InitConfiguration
+  patches:
+    directory: /kind/llmtrain-patches
 EOF
   "${NICE[@]}" "${IN_NS[@]}" kind create cluster --name "$CLUSTER" --image "$NODE_IMAGE" \
     --config "$W/kind-config.yaml" --kubeconfig "$W/kubeconfig" --wait 180s
+  local kubectl=("${IN_NS[@]}" "$(tool_dir kubernetes)/kubectl" --kubeconfig "$W/kubeconfig" -n kube-system)
+  # The node's resolv.conf is Podman's (search dns.podman, name servers nothing answers in the
+  # namespace), and the pods' search lists end in dns.podman. CoreDNS forwarding there made each
+  # lookup that walks the list wait for timeouts; without the forward a dns.podman name fails
+  # with SERVFAIL, which stops gRPC's c-ares resolver (Ray's GCS client) before the name itself:
+  # no forward, and dns.podman answered NXDOMAIN, so a lookup goes on to the next name at once.
+  local corefile=$W/Corefile
+  "${kubectl[@]}" get configmap coredns -o jsonpath='{.data.Corefile}' |
+    sed '/forward \. \/etc\/resolv.conf/,/}/d' >"$corefile"
+  printf 'dns.podman:53 {\n    template ANY ANY {\n        rcode NXDOMAIN\n    }\n}\n' >>"$corefile"
+  "${kubectl[@]}" create configmap coredns --from-file=Corefile="$corefile" --dry-run=client -o yaml |
+    "${kubectl[@]}" replace -f -
+  "${kubectl[@]}" scale deployment/coredns --replicas=1
+  "${kubectl[@]}" set resources deployment/coredns --requests=cpu=10m
 }
 
 down() {
@@ -275,8 +312,35 @@ down() {
   fi
 }
 
+# The images are tagged with a hash of what makes them: the functions above that build them, the
+# pinned versions and image names, and the tools' cache folders (which name each tool's pins).
+# `ensure` rebuilds what one of them changes, not for an edit elsewhere in this script.
+case ${1:-} in
+  image | node-image | ensure | up | down | clean | env) ;;
+  *) sed -n 2,20p "$0"; exit 2 ;;
+esac
+key() { sha256sum | cut -c1-12; }
+BASE_KEY=$( (declare -f build_base; sed -n '/^KIND_VERSION=/,/^HELPER_IMAGE=/p' "$0"
+  for t in containerd runc cni-plugins; do tool_dir "$t"; done) | key)
+NODE_KEY=$( (echo "$BASE_KEY"; declare -f build_tools static_image iptables_image build_tarball node_image
+  for t in kubernetes etcd coredns local-path-provisioner; do tool_dir "$t"; done) | key)
+BASE_IMAGE=localhost/kindest-base:llmtrain-$BASE_KEY
+NODE_IMAGE=localhost/kindest-node:llmtrain-$NODE_KEY
+
 case ${1:-} in
   image) setup; build_tools; build_base; build_tarball; node_image ;;
+  ensure)
+    setup
+    if ! podman image exists "$NODE_IMAGE"; then
+      build_tools
+      podman image exists "$BASE_IMAGE" || build_base
+      build_tarball
+      node_image
+    fi ;;
+  env)
+    printf 'export %q %q %q %q\n' "GOBIN=$GOBIN" "PATH=$PATH" "CONTAINERS_STORAGE_CONF=$CONTAINERS_STORAGE_CONF" \
+      "CONTAINERS_CONF=$CONTAINERS_CONF"
+    echo "export KIND_EXPERIMENTAL_PROVIDER=podman" ;;
   node-image) setup; node_image ;;
   up) setup; up ;;
   down) down ;;
@@ -284,5 +348,4 @@ case ${1:-} in
     down
     if grep -q " $W/" /proc/mounts; then echo "still mounted under $W" >&2; exit 1; fi
     rm -rf "$W" ;;
-  *) sed -n 2,18p "$0"; exit 2 ;;
 esac

@@ -2,9 +2,11 @@
 
 `test_kind_end_to_end` runs tests/e2e/run.sh (minutes; it builds images and trains a model) and
 skips, naming what is missing, when docker (with a reachable daemon), kind, helm or kubectl is not
-there. Everything else here needs none of them: shellcheck, the --dry-run command list, the kind
-config, the storage manifests, and that the script runs examples/tiny-cpu.yaml as its header says
-(the example's own `llmtrain upload` onto the claim it names, then the file unchanged).
+there and neither is what its local mode needs (root, Podman, buildah, mmdebstrap, go, ip and
+nsenter: it builds kind, helm and kubectl itself). Everything else here needs none of them:
+shellcheck, the --dry-run command lists, the kind config, the storage manifests, and that the
+script runs examples/tiny-cpu.yaml as its header says (the example's own `llmtrain upload` onto the
+claim it names, then the file unchanged).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ KIND_CONFIG = E2E_DIR / "kind-config.yaml"
 STORAGE = E2E_DIR / "manifests" / "storage.yaml"
 EXAMPLE = ROOT / "examples" / "tiny-cpu.yaml"
 TOOLS = ("docker", "kind", "helm", "kubectl")
+LOCAL_TOOLS = ("podman", "buildah", "mmdebstrap", "go", "ip", "nsenter")
 
 # kind.x-k8s.io/v1alpha4 Cluster (kind's pkg/apis/config/v1alpha4), the fields a config may use;
 # additionalProperties false catches misspelt keys, which kind itself rejects.
@@ -95,12 +98,17 @@ def shellcheck() -> str:
 
 
 def missing_prerequisites() -> list[str]:
+    """What neither of run.sh's modes has here: Docker with kind, helm and kubectl, or (local mode,
+    as root) Podman, buildah, mmdebstrap, go and the network namespace tools."""
     missing = [tool for tool in TOOLS if shutil.which(tool) is None]
     if "docker" not in missing:
         info = subprocess.run(["docker", "info"], capture_output=True, check=False, timeout=60)
         if info.returncode != 0:
             missing.append("a reachable docker daemon")
-    return missing
+    local = [tool for tool in LOCAL_TOOLS if shutil.which(tool) is None]
+    if os.geteuid() != 0:
+        local.append("root")
+    return [] if not missing or not local else [*missing, "or for local mode:", *local]
 
 
 @pytest.mark.e2e
@@ -110,7 +118,8 @@ def test_kind_end_to_end() -> None:
         pytest.skip(
             f"kind end-to-end test needs docker, kind, helm and kubectl; missing: {', '.join(missing)}"
         )
-    subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, check=True, timeout=3 * 3600)
+    env = {**os.environ, "PYTHON": sys.executable}
+    subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, check=True, timeout=3 * 3600)
 
 
 # --- the scripts ------------------------------------------------------------------------------
@@ -240,6 +249,132 @@ def test_dry_run_says_it_is_one(dry_run: str) -> None:
     assert dry_run.startswith("# dry run: printing the commands of a real run, running none\n")
     assert dry_run.rstrip().endswith("==> dry run done")
     assert "FAILED" not in dry_run
+
+
+@pytest.fixture(scope="module")
+def local_dry_run(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """run.sh --dry-run in local mode (no Docker: kind on Podman in a network namespace), every
+    tool replaced by a stub that records being called."""
+    stubs = tmp_path_factory.mktemp("local-stubs")
+    calls = stubs / "calls.log"
+    for tool in (*TOOLS, *LOCAL_TOOLS, "llmtrain", "python"):
+        stub = stubs / tool
+        stub.write_text(f'#!/bin/sh\necho "{tool} $*" >> "{calls}"\nexit 97\n')
+        stub.chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}",
+        "LLMTRAIN": str(stubs / "llmtrain"),
+        "PYTHON": str(stubs / "python"),
+        "LLMTRAIN_E2E_MODE": "local",
+    }
+    result = subprocess.run(
+        ["bash", str(SCRIPT), "--dry-run"],
+        cwd=E2E_DIR,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout
+    assert not calls.exists(), f"--dry-run ran commands: {calls.read_text()}"
+    return result.stdout
+
+
+def test_local_dry_run_prints_every_step_in_order(local_dry_run: str) -> None:
+    """Local mode: the node image and the cluster from hack/kind_local.sh, the images from
+    hack/images.py's archives under the names the docker path gives them, KubeRay from its Go
+    module's config; then the same steps and checks as with Docker."""
+    printed = commands(local_dry_run)
+    context = "--context kind-llmtrain-e2e"
+    pinned = re.search(r"^require \S+ (\S+)$", (ROOT / "hack/tools/kuberay/go.mod").read_text(), re.M)
+    assert pinned
+    kuberay = re.escape(f"localhost/kuberay-operator:{pinned.group(1)}")
+    expected_in_order = [
+        r"^env LLMTRAIN_KIND_CLUSTER=llmtrain-e2e .*hack/kind_local\.sh ensure$",
+        rf"^buildah commit .*{kuberay}$",
+        r"^env LLMTRAIN_KIND_CLUSTER=llmtrain-e2e .*hack/kind_local\.sh up$",
+        r"^kind load image-archive OPERATOR_ARCHIVE --name llmtrain-e2e$",
+        r"^kind load image-archive TRAINER_ARCHIVE --name llmtrain-e2e$",
+        r"^kind load image-archive \S+/kuberay-operator-v[\d.]+\.tar --name llmtrain-e2e$",
+        r"^podman exec llmtrain-e2e-control-plane ctr -n k8s\.io images tag --force OPERATOR_REF "
+        r"ghcr\.io/llmtrain/operator:e2e$",
+        r"^podman exec llmtrain-e2e-control-plane ctr -n k8s\.io images tag --force TRAINER_REF "
+        r"ghcr\.io/llmtrain/trainer:e2e$",
+        rf"^kubectl {context} apply --server-side -k \S+/kuberay-kustomize$",
+        rf"^kubectl {context} -n kuberay-system rollout status deployment/kuberay-operator",
+        r"^helm --kube-context kind-llmtrain-e2e install llmtrain charts/llmtrain "
+        r".*--set image\.tag=e2e --set trainerImage\.tag=e2e .*--set kuberay\.requireCRDs=true",
+        r"/llmtrain upload examples/data --claim llmtrain-data --to data "
+        r"--image ghcr\.io/llmtrain/trainer:e2e --namespace llmtrain-e2e --context kind-llmtrain-e2e$",
+        rf"^kubectl {context} -n llmtrain-e2e apply -f examples/tiny-cpu\.yaml$",
+        r"find /mnt/llmtrain/runs/llmtrain-e2e/tiny-cpu/UID/export -type f",
+        rf"^kubectl {context} -n llmtrain-e2e delete llmtrainingjob tiny-cpu --wait=true",
+        r"^env LLMTRAIN_KIND_CLUSTER=llmtrain-e2e hack/kind_local\.sh down$",
+    ]
+    position = 0
+    for pattern in expected_in_order:
+        index = next((i for i in range(position, len(printed)) if re.search(pattern, printed[i])), None)
+        assert index is not None, f"not printed (after step {position}): {pattern}\n" + "\n".join(printed)
+        position = index + 1
+
+
+def test_local_dry_run_needs_neither_docker_nor_the_internet(local_dry_run: str) -> None:
+    assert "# mode: local" in local_dry_run
+    for command in commands(local_dry_run):
+        assert not command.startswith("docker "), command
+        assert "://" not in command, command  # no chart repository, no registry
+        if command.startswith("kubectl "):
+            assert command.startswith("kubectl --context kind-llmtrain-e2e "), command
+        if command.startswith("helm "):
+            assert command.startswith("helm --kube-context kind-llmtrain-e2e "), command
+
+
+def test_the_kuberay_kustomization_renders_the_pinned_module(tmp_path: Path) -> None:
+    """What install_kuberay_local applies: KubeRay's own CRDs, RBAC and Deployment in
+    kuberay-system, the Deployment running the image made from the project's build."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl not installed")
+    module = ROOT / "hack/tools/kuberay"
+    pinned = re.search(r"^require (\S+) (\S+)$", (module / "go.mod").read_text(), re.M)
+    assert pinned
+    source = Path(os.environ.get("GOMODCACHE", Path.home() / "go/pkg/mod")) / (
+        f"{pinned.group(1)}@{pinned.group(2)}"
+    )
+    if not (source / "config").is_dir():
+        pytest.skip(f"KubeRay's module is not in Go's module cache ({source})")
+    script = SCRIPT.read_text()
+    body = script[script.index("write_kustomization() {") :]
+    body = body[: body.index("\n}\n") + 3]
+    relative = os.path.relpath(source, tmp_path)
+    rendered = subprocess.run(
+        [
+            "bash",
+            "-c",
+            f'KUBERAY_IMAGE="localhost/kuberay-operator:{pinned.group(2)}"\n{body}\n'
+            f"write_kustomization {shlex.quote(relative)}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    (tmp_path / "kustomization.yaml").write_text(rendered)
+    out = subprocess.run(
+        [kubectl, "kustomize", str(tmp_path)], capture_output=True, text=True, check=True
+    ).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    crds = {d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"}
+    assert {"rayjobs.ray.io", "rayclusters.ray.io"} <= crds
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    assert deployment["metadata"]["namespace"] == "kuberay-system"
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == f"localhost/kuberay-operator:{pinned.group(2)}"
+    assert container["command"] == ["/manager"]  # where kuberay_image puts the binary
+    bindings = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+    assert bindings and all(s["namespace"] == "kuberay-system" for b in bindings for s in b["subjects"])
 
 
 def test_unknown_argument_fails() -> None:

@@ -67,6 +67,7 @@ def test_binary_names_come_from_tools_go_with_renames() -> None:
         "kube-apiserver",
         "kube-controller-manager",
         "kube-scheduler",
+        "kubeadm",
         "kubectl",
         "kubelet",
         "kube-proxy",
