@@ -15,7 +15,7 @@ import llmtrain_trainer.loop as loop
 import llmtrain_trainer.main as trainer_main
 import pytest
 import torch
-from llmtrain_trainer import run_logs
+from llmtrain_trainer import modes, run_context, run_logs
 from llmtrain_trainer.distributed import WorkerEnv
 
 from tests.support.trainer import tiny_config, write_config
@@ -88,13 +88,14 @@ def test_a_worker_saves_the_traceback_of_what_failed(tmp_path: Path, monkeypatch
     traceback, and still raised (Ray Train must see the failure)."""
     config = tiny_config(tmp_path, "fails")
     run_dir = tmp_path / "run"
-    monkeypatch.setattr(loop.RayRunContext, "run_dir", staticmethod(lambda: run_dir))
-    monkeypatch.setattr(loop.WorkerEnv, "from_ray_context", lambda: WorkerEnv(1, 2, 0, torch.device("cpu")))
+    # The worker-only modules loop.py imports inside its functions (the driver never loads them).
+    monkeypatch.setattr(run_context.RayRunContext, "run_dir", staticmethod(lambda: run_dir))
+    monkeypatch.setattr(WorkerEnv, "from_ray_context", lambda: WorkerEnv(1, 2, 0, torch.device("cpu")))
 
     def broken_mode(_: Any) -> Any:
         raise RuntimeError("the mode could not start")
 
-    monkeypatch.setattr(loop, "mode_for", broken_mode)
+    monkeypatch.setattr(modes, "mode_for", broken_mode)
     with pytest.raises(RuntimeError, match="could not start"):
         loop.train_loop_per_worker(loop.loop_config(config))
     text = (run_dir / "logs" / "worker-1.log").read_text()
