@@ -21,6 +21,9 @@ the mutants still without a verdict, and writes the store back from the .meta fi
 interrupted. Arguments are mutant-name globs: only the matching mutants without a verdict are
 tested (`--again`: all the matching ones). Prints `mutation_score=` and every survivor, counting
 the restored verdicts; exits 1 below the threshold or while a mutant is untested.
+
+`--screen` is a fast first pass over the same mutants (see screen()): it writes only kills, and a
+later run without it has mutmut judge the rest.
 """
 
 from __future__ import annotations
@@ -342,12 +345,9 @@ def mutmut(*args: str) -> None:
 # kill, or one that hung, is left without a verdict for mutmut's own run.
 SCREEN_KILLED = 1  # mutmut's exit code for "killed"
 SCREEN_LIMIT_S = 60.0  # a mutant whose tests run longer than this plus ten times their usual time hung
-STATS = MUTANTS / "mutmut-stats.json"
-# Run in .mutate/: mutmut's stats (which tests reach which function), collected or brought up to date.
-COLLECT_STATS = """
-from mutmut.__main__ import collect_or_load_stats, get_mutant_runner
-collect_or_load_stats(get_mutant_runner(1))
-"""
+# Which tests reach which mutated function, and each test's time, recorded by the screen itself
+# (mutmut's own stats shrink to the modules its last run mutated): kept while the tests digest holds.
+REACH = STAGE / "screen-reach.json"
 
 
 def screen_verdict(failed_with_mutant: bool, passed_without: bool) -> int | None:
@@ -416,6 +416,25 @@ class _Screen:
         return True
 
 
+class _Reach:
+    """The pytest plugin of the screen's first run: with MUTANT_UNDER_TEST=stats, mutmut's
+    trampolines note each mutated function a test calls; this keeps them per test, with its time."""
+
+    def __init__(self) -> None:
+        self.tests_by_function: dict[str, list[str]] = {}
+        self.duration: dict[str, float] = {}
+
+    def pytest_runtest_teardown(self, item: Any) -> None:
+        from mutmut.state import state
+
+        for function in state()._stats:
+            self.tests_by_function.setdefault(function, []).append(item.nodeid)
+        state()._stats.clear()
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        self.duration[report.nodeid] = self.duration.get(report.nodeid, 0.0) + report.duration
+
+
 def _clear_caches() -> None:
     """Empty every functools cache of the packages: a value cached under one mutant is not another's."""
     for module in list(sys.modules.values()):
@@ -425,22 +444,44 @@ def _clear_caches() -> None:
                     value.cache_clear()
 
 
-def screen_worker(plan_file: Path, progress: Path) -> int:
-    """A screen's pytest process, in .mutate/mutants/ with mutmut's pytest settings."""
+def screen_worker(mode: str, plan_file: Path, progress: Path) -> int:
+    """A screen's pytest process, in .mutate/mutants/ with mutmut's pytest settings: `reach` runs
+    the test selection to write REACH, `plan` the plan's mutants."""
     import pytest
 
+    config = _mutmut_config()
+    tail = ["--rootdir=.", "--tb=no", "-q", "-p", "no:randomly", *config["pytest_add_cli_args"]]
+    if mode == "reach":
+        os.environ["MUTANT_UNDER_TEST"] = "stats"
+        os.environ["MUTMUT_DEPENDENCY_DEPTH"] = "-1"
+        reach = _Reach()
+        code = int(pytest.main([*config["pytest_add_cli_args_test_selection"], *tail], plugins=[reach]))
+        stats = {
+            "tests_by_mangled_function_name": reach.tests_by_function,
+            "duration_by_test": reach.duration,
+        }
+        progress.write_text(json.dumps(stats))
+        return code
     plan = [(mutant, tests) for mutant, tests in json.loads(plan_file.read_text())]
     files = sorted({test.partition("::")[0] for _, tests in plan for test in tests})
-    args = [
-        "--rootdir=.",
-        "--tb=no",
-        "-q",
-        "-p",
-        "no:randomly",
-        *files,
-        *_mutmut_config()["pytest_add_cli_args"],
-    ]
-    return int(pytest.main(args, plugins=[_Screen(plan, progress)]))
+    return int(pytest.main([*files, *tail], plugins=[_Screen(plan, progress)]))
+
+
+def _reach(tests: str) -> dict[str, Any]:
+    """REACH for the tests digest `tests`, recorded again when they changed."""
+    if REACH.exists():
+        kept: dict[str, Any] = json.loads(REACH.read_text())
+        if kept.get("tests") == tests:
+            return kept
+    scratch = STAGE / "screen-reach.tmp"
+    worker = [sys.executable, __file__, "--screen-worker", "reach", "-", str(scratch)]
+    code = subprocess.run(worker, cwd=MUTANTS, stdout=subprocess.DEVNULL).returncode
+    if code != 0 or not scratch.exists():
+        raise RuntimeError(f"the tests failed without a mutant (exit {code}): fix them before screening")
+    stats: dict[str, Any] = {"tests": tests, **json.loads(scratch.read_text())}
+    REACH.write_text(json.dumps(stats))
+    scratch.unlink()
+    return stats
 
 
 def _read_progress(progress: Path, outcome: dict[str, str], current: str, since: float) -> tuple[str, float]:
@@ -455,11 +496,10 @@ def _read_progress(progress: Path, outcome: dict[str, str], current: str, since:
     return (current, since) if last == current else (last, time.monotonic())
 
 
-def screen(todo: list[str], metas: Metas) -> tuple[dict[str, str], set[str]]:
+def screen(todo: list[str], metas: Metas, tests: str) -> tuple[dict[str, str], set[str]]:
     """Screen `todo` (see _Screen), restarting the worker past a mutant that hangs. Returns each
     screened mutant's outcome and the files whose .meta it changed."""
-    subprocess.run([sys.executable, "-c", COLLECT_STATS], cwd=STAGE, check=True, stdout=subprocess.DEVNULL)
-    stats = json.loads(STATS.read_text())
+    stats = _reach(tests)
     plan = screen_plan(todo, stats)
     outcome: dict[str, str] = {}
     plan_file, progress = STAGE / "screen-plan.json", STAGE / "screen-progress.jsonl"
@@ -467,7 +507,7 @@ def screen(todo: list[str], metas: Metas) -> tuple[dict[str, str], set[str]]:
         plan_file.write_text(json.dumps(plan))
         progress.write_text("")
         worker = subprocess.Popen(
-            [sys.executable, __file__, "--screen-worker", str(plan_file), str(progress)],
+            [sys.executable, __file__, "--screen-worker", "plan", str(plan_file), str(progress)],
             cwd=MUTANTS,
             stdout=subprocess.DEVNULL,
             start_new_session=True,
@@ -522,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--screen-worker"]:
-        return screen_worker(Path(argv[1]), Path(argv[2]))
+        return screen_worker(argv[1], Path(argv[2]), Path(argv[3]))
     options = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
 
@@ -560,7 +600,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if todo and options.screen and not options.report_only:
             started = time.monotonic()
-            outcome, screened_in = screen(todo, metas)
+            outcome, screened_in = screen(todo, metas, tests)
             save_metas(metas, screened_in, MUTANTS)
             counts = {o: sum(v == o for v in outcome.values()) for o in sorted(set(outcome.values()))}
             print(f"screened {len(outcome)} of {len(todo)} in {time.monotonic() - started:.0f} s: {counts}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -23,7 +24,7 @@ from llmtrain.constants import (
     REPORTER_NAME,
 )
 from llmtrain.render import ImageSettings, render
-from llmtrain.render.names import child_name
+from llmtrain.render.names import child_name, configmap_name, pvc_name, rayjob_name, trainer_account_name
 from llmtrain.render.network import PROFILES
 from llmtrain.render.rayjob import CONTAINER_SECURITY_CONTEXT, TERMINATION_GRACE_SECONDS
 from llmtrain.render.rbac import render_reporter_rbac
@@ -494,6 +495,27 @@ def test_long_names_stay_within_47_and_distinct() -> None:
     assert len(names) == 4
     assert all(len(n) <= 47 and DNS1035.match(n) for n in names)
     assert child_name(name, "config") == child_name(name, "config")
+
+
+def test_child_names_are_the_job_name_and_suffix_up_to_47_then_hashed() -> None:
+    """The operator adopts its children by these names and the chart's policy recomputes them: each
+    is `<job>-<suffix>` while that fits in 47 characters, else the job name cut at a dash-free end,
+    the first five hex digits of the full name's SHA-256, and the suffix."""
+    assert [f("llama") for f in (rayjob_name, configmap_name, pvc_name, trainer_account_name)] == [
+        "llama",
+        "llama-config",
+        "llama-storage",
+        "llama-trainer",
+    ]
+    fits = "a" * (MAX_NAME_LENGTH - len("-config"))
+    assert configmap_name(fits) == f"{fits}-config"
+    # Cut at 47 - len("-12345-config") = 34 characters: the 34th is a dash, which goes.
+    long = "a" * 33 + "-" + "b" * 20
+    digest = hashlib.sha256(f"{long}-config".encode()).hexdigest()[:5]
+    assert configmap_name(long) == f"{'a' * 33}-{digest}-config"
+    # Without a suffix, the cut is at 47 - len("-12345") = 41.
+    long = "a" * 40 + "-" + "b" * 10
+    assert rayjob_name(long) == "a" * 40 + f"-{hashlib.sha256(long.encode()).hexdigest()[:5]}"
 
 
 def test_render_is_pure() -> None:
