@@ -496,46 +496,59 @@ def _read_progress(progress: Path, outcome: dict[str, str], current: str, since:
     return (current, since) if last == current else (last, time.monotonic())
 
 
-def screen(todo: list[str], metas: Metas, tests: str) -> tuple[dict[str, str], set[str]]:
-    """Screen `todo` (see _Screen), restarting the worker past a mutant that hangs. Returns each
-    screened mutant's outcome and the files whose .meta it changed."""
+def screen(todo: list[str], metas: Metas, tests: str) -> dict[str, str]:
+    """Screen `todo` (see _Screen), restarting the worker past a mutant that hangs; writes the kills
+    into `metas` and their .meta files. Returns each screened mutant's outcome."""
     stats = _reach(tests)
     plan = screen_plan(todo, stats)
     outcome: dict[str, str] = {}
-    plan_file, progress = STAGE / "screen-plan.json", STAGE / "screen-progress.jsonl"
-    while plan:
-        plan_file.write_text(json.dumps(plan))
-        progress.write_text("")
-        worker = subprocess.Popen(
-            [sys.executable, __file__, "--screen-worker", "plan", str(plan_file), str(progress)],
-            cwd=MUTANTS,
-            stdout=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        current, since = "", time.monotonic()
-        try:
-            while worker.poll() is None:
-                time.sleep(0.5)
-                current, since = _read_progress(progress, outcome, current, since)
-                if current and current not in outcome:
-                    usual = sum(stats["duration_by_test"].get(t, 1.0) for t in dict(plan)[current])
-                    if time.monotonic() - since > SCREEN_LIMIT_S + 10 * usual:
-                        worker.kill()
-        finally:
-            if worker.poll() is None:
-                worker.kill()
-            worker.wait()
-        current, since = _read_progress(progress, outcome, current, since)
-        if current and current not in outcome:
-            outcome[current] = "hung or crashed"
-        left = [(mutant, tests) for mutant, tests in plan if mutant not in outcome]
-        if len(left) == len(plan):
-            raise RuntimeError(
-                f"the screen's worker stopped before its first mutant (exit {worker.returncode})"
+    plan_file, progress = (
+        STAGE / f"screen-plan-{os.getpid()}.json",
+        STAGE / f"screen-progress-{os.getpid()}.jsonl",
+    )
+    try:
+        while plan:
+            plan_file.write_text(json.dumps(plan))
+            progress.write_text("")
+            worker = subprocess.Popen(
+                [sys.executable, __file__, "--screen-worker", "plan", str(plan_file), str(progress)],
+                cwd=MUTANTS,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
             )
-        plan = left
-    verdicts = {m: SCREEN_KILLED if o == "killed" else None for m, o in outcome.items()}
-    return outcome, apply_screen(metas, verdicts)
+            current, since = "", time.monotonic()
+            try:
+                while worker.poll() is None:
+                    time.sleep(0.5)
+                    current, since = _read_progress(progress, outcome, current, since)
+                    if current and current not in outcome:
+                        usual = sum(stats["duration_by_test"].get(t, 1.0) for t in dict(plan)[current])
+                        if time.monotonic() - since > SCREEN_LIMIT_S + 10 * usual:
+                            worker.kill()
+            finally:
+                if worker.poll() is None:
+                    worker.kill()
+                worker.wait()
+            current, since = _read_progress(progress, outcome, current, since)
+            if current and current not in outcome:
+                outcome[current] = "hung or crashed"
+            left = [(mutant, reach) for mutant, reach in plan if mutant not in outcome]
+            if len(left) == len(plan):
+                raise RuntimeError(
+                    f"the screen's worker stopped before its first mutant (exit {worker.returncode})"
+                )
+            plan = left
+    finally:
+        # Also when interrupted: the kills so far are kept.
+        if progress.exists():
+            _read_progress(progress, outcome, "", 0.0)
+        plan_file.unlink(missing_ok=True)
+        progress.unlink(missing_ok=True)
+        changed = apply_screen(
+            metas, {m: SCREEN_KILLED if o == "killed" else None for m, o in outcome.items()}
+        )
+        save_metas(metas, changed, MUTANTS)
+    return outcome
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -600,8 +613,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if todo and options.screen and not options.report_only:
             started = time.monotonic()
-            outcome, screened_in = screen(todo, metas, tests)
-            save_metas(metas, screened_in, MUTANTS)
+            outcome = screen(todo, metas, tests)
             counts = {o: sum(v == o for v in outcome.values()) for o in sorted(set(outcome.values()))}
             print(f"screened {len(outcome)} of {len(todo)} in {time.monotonic() - started:.0f} s: {counts}")
         elif todo and not options.report_only:
