@@ -131,6 +131,19 @@ def _rendered_config(job: LLMTrainingJob) -> TrainerConfig:
     return TrainerConfig.model_validate(json.loads(raw), by_alias=True, by_name=False)
 
 
+def test_configmap_is_immutable_readable_json_without_nulls() -> None:
+    """Immutable, so the config a running job trains with never changes under it; labelled as the
+    trainer's config; its JSON indented by two for `kubectl get -o yaml` and without the unset
+    fields (a null is no value the trainer could use)."""
+    configmap = _by_kind(render(_job(minimal_job())))["ConfigMap"]
+    assert configmap["immutable"] is True
+    assert configmap["metadata"]["labels"]["app.kubernetes.io/component"] == "trainer-config"
+    text = configmap["data"][CONFIG_FILENAME]
+    assert "null" not in text
+    second = text.splitlines()[1]
+    assert second.startswith('  "') and not second.startswith('   "')
+
+
 def test_configmap_holds_a_parseable_trainer_config_with_deterministic_run() -> None:
     config = _rendered_config(_stored(_gpu_job(), "uid-1"))
     assert config.run_name == "uid-1"
@@ -677,6 +690,37 @@ def test_fabric_profiles_have_nccl_log_its_transport_to_a_file_per_process() -> 
     env = {k: v.get("value") for k, v in env_of(pods(rayjob(trace))[1]).items()}
     assert env["NCCL_DEBUG"] == "TRACE" and "NCCL_DEBUG_SUBSYS" not in env
     assert env["NCCL_NET_PLUGIN"] == "ofi"  # the image's libnccl-net-ofi.so
+
+
+def test_nccl_debug_is_the_chosen_level_and_info_keeps_ncclss_own_subsystems() -> None:
+    """The level the user chose reaches NCCL_DEBUG on every profile; on a fabric one, INFO itself
+    counts as "INFO or more" (no subsystem selection added), and no other debug variable appears."""
+
+    def env(network: dict[str, Any]) -> dict[str, Any]:
+        return {k: v.get("value") for k, v in env_of(pods(rayjob(_gpu_job(network=network)))[1]).items()}
+
+    assert env({"ncclProfile": "nvlink", "ncclDebug": "TRACE"})["NCCL_DEBUG"] == "TRACE"
+    for level in ("INFO", "TRACE"):
+        chosen = env({"ncclProfile": "infiniband", "ncclDebug": level})
+        debug = {k: v for k, v in chosen.items() if "debug" in k.lower()}
+        assert debug == {"NCCL_DEBUG": level, "NCCL_DEBUG_FILE": "/tmp/llmtrain-nccl.%h.%p.log"}
+
+
+def test_one_gpu_per_worker_is_a_gpu_worker_with_its_fabric_device() -> None:
+    """One GPU a worker is enough for the NCCL settings and, on a fabric profile, the device."""
+    doc = with_path(_gpu_job(), "spec.resources.gpusPerWorker", 1)
+    worker = _worker_container(doc)
+    env = {e["name"]: e for e in worker["env"]}
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"]["value"] == "1"
+    assert "NCCL_IB_HCA" in env or "NCCL_DEBUG_FILE" in env
+    assert worker["resources"]["limits"]["rdma/rdma_shared_device_a"] == "1"
+
+
+def test_a_user_variable_without_a_value_is_set_empty() -> None:
+    network = {"env": [{"name": "EMPTY"}, {"name": "BLANK", "value": ""}]}
+    env = {e["name"]: e for e in _worker_container(_gpu_job(network=network))["env"]}
+    assert env["EMPTY"] == {"name": "EMPTY", "value": ""}
+    assert env["BLANK"] == {"name": "BLANK", "value": ""}
 
 
 def test_the_trainer_config_carries_the_network_for_the_start_up_check() -> None:
