@@ -14,7 +14,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from llmtrain.api.base import POSITIVE_QUANTITY_RULE, QUANTITY_PATTERN, QUANTITY_RULE
+from llmtrain.api.base import (
+    POSITIVE_QUANTITY_RULE,
+    QUANTITY_PATTERN,
+    QUANTITY_RULE,
+    cel,
+    immutable,
+    metadata_keys_rule,
+)
 from llmtrain.api.cel import evaluate_rule, violations
 from llmtrain.api.crd import openapi_schema
 
@@ -737,3 +744,39 @@ def test_a_node_is_converted_to_cel_once_for_all_its_rules(monkeypatch: pytest.M
     parse_job(minimal_job("j"))
     specs = [v for v in made if isinstance(v["self"], dict) and "model" in v["self"]]
     assert len(specs) == 1, f"the spec converted {len(specs)} times"
+
+
+def test_the_rule_builders_make_the_entries_the_models_carry() -> None:
+    """base.py's builders called directly: the models call them once, at import, so a builder
+    that went wrong would reach the CRD unseen by the tests that read the schema."""
+    assert cel("self > 0", "give more") == {"rule": "self > 0", "message": "give more"}
+    assert cel("self > 0", "give more", ".n") == {
+        "rule": "self > 0",
+        "message": "give more",
+        "fieldPath": ".n",
+    }
+    assert immutable("model") == {
+        "x-kubernetes-validations": [
+            {
+                "rule": SELF_EQ,
+                "message": "spec.model is immutable after creation: create a new LLMTrainingJob "
+                "(or delete and re-apply this one) to change it",
+            }
+        ]
+    }
+    (only,) = metadata_keys_rule("labels")["x-kubernetes-validations"]
+    keys, reserved = metadata_keys_rule("labels", ("ray.io/", "llmtrain.dev/"))["x-kubernetes-validations"]
+    assert only == keys
+    assert keys["message"] == (
+        "labels keys must be valid Kubernetes keys ([prefix/]name, name at most 63 characters "
+        "of letters, digits, '-', '_' and '.')"
+    )
+    assert reserved["message"] == (
+        "labels keys under ray.io/, llmtrain.dev/ belong to the platform and KubeRay: use your own prefix"
+    )
+    assert evaluate_rule(keys["rule"], {"team": "a", "example.com/x": "b", "a" * 63: "c"})
+    for bad in ("-team", "a" * 64, "Example.com/x", "example.com/", f"{'a' * 253}/{'b' * 63}"):
+        assert not evaluate_rule(keys["rule"], {bad: "x"}), bad
+    assert evaluate_rule(reserved["rule"], {"example.com/x": "b", "team": "a"})
+    for bad in ("ray.io/node-type", "llmtrain.dev/job"):
+        assert not evaluate_rule(reserved["rule"], {"team": "a", bad: "x"}), bad
