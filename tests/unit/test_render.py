@@ -723,6 +723,19 @@ def test_a_user_variable_without_a_value_is_set_empty() -> None:
     assert env["BLANK"] == {"name": "BLANK", "value": ""}
 
 
+def test_every_ray_container_knows_its_job_and_prints_unbuffered() -> None:
+    """The job's name and namespace for the user's code, the uid the trainer waits to see in its
+    mounted config (llmtrain_trainer.config.JOB_UID_ENV), and Python's output unbuffered so that
+    the job's log follows the training."""
+    for pod in pods(_by_kind(render(_stored(_gpu_job(), "uid-7")))["RayJob"]):
+        env = env_of(pod)
+        assert env["LLMTRAIN_JOB_NAME"] == {"name": "LLMTRAIN_JOB_NAME", "value": "llama"}
+        assert env["LLMTRAIN_JOB_NAMESPACE"] == {"name": "LLMTRAIN_JOB_NAMESPACE", "value": "team-a"}
+        assert env["LLMTRAIN_JOB_UID"] == {"name": "LLMTRAIN_JOB_UID", "value": "uid-7"}
+        assert env["PYTHONUNBUFFERED"] == {"name": "PYTHONUNBUFFERED", "value": "1"}
+    assert "LLMTRAIN_JOB_UID" not in env_of(pods(rayjob(_gpu_job()))[0])  # not stored yet: no uid
+
+
 def test_the_trainer_config_carries_the_network_for_the_start_up_check() -> None:
     doc = _gpu_job(network={"ncclProfile": "efa", "fabric": {"onSocketFallback": "warn"}})
     config = cluster_trainer_config(_job(doc))
