@@ -21,6 +21,7 @@ from llmtrain.api.base import (
     cel,
     immutable,
     metadata_keys_rule,
+    positive_quantity,
 )
 from llmtrain.api.cel import evaluate_rule, violations
 from llmtrain.api.crd import openapi_schema
@@ -763,6 +764,16 @@ def test_the_rule_builders_make_the_entries_the_models_carry() -> None:
                 "(or delete and re-apply this one) to change it",
             }
         ]
+    }
+    well_formed, positive = positive_quantity("resources.memory", "64Gi")["x-kubernetes-validations"]
+    assert well_formed == {
+        "rule": QUANTITY_RULE,
+        "message": "resources.memory must be a Kubernetes quantity: use e.g. 64Gi (a number and an "
+        "optional unit: Ki, Mi, Gi, Ti, k, M, G, T, or m for thousandths; no space; GB is not a unit)",
+    }
+    assert positive == {
+        "rule": POSITIVE_QUANTITY_RULE,
+        "message": "resources.memory must be greater than zero: give a positive quantity such as '64Gi'",
     }
     (only,) = metadata_keys_rule("labels")["x-kubernetes-validations"]
     keys, reserved = metadata_keys_rule("labels", ("ray.io/", "llmtrain.dev/"))["x-kubernetes-validations"]

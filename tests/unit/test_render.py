@@ -736,6 +736,17 @@ def test_every_ray_container_knows_its_job_and_prints_unbuffered() -> None:
     assert "LLMTRAIN_JOB_UID" not in env_of(pods(rayjob(_gpu_job()))[0])  # not stored yet: no uid
 
 
+def test_the_head_container_is_ray_head_with_named_ports() -> None:
+    """`kubectl logs -c ray-head` and a port-forward by port name reach the head."""
+    (container,) = pods(rayjob(_gpu_job()))[0]["containers"]
+    assert container["name"] == "ray-head"
+    assert container["ports"] == [
+        {"name": "gcs", "containerPort": 6379},
+        {"name": "dashboard", "containerPort": 8265},
+        {"name": "client", "containerPort": 10001},
+    ]
+
+
 def test_the_trainer_config_carries_the_network_for_the_start_up_check() -> None:
     doc = _gpu_job(network={"ncclProfile": "efa", "fabric": {"onSocketFallback": "warn"}})
     config = cluster_trainer_config(_job(doc))
