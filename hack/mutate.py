@@ -344,6 +344,9 @@ def mutmut(*args: str) -> None:
 # again at once without the mutant, and the screen writes nothing else: a mutant its tests did not
 # kill, or one that hung, is left without a verdict for mutmut's own run.
 SCREEN_KILLED = 1  # mutmut's exit code for "killed"
+# By default, the fastest tests of a mutant's function that a screen runs (`--screen-tests`): a
+# kill mostly comes from the first few, and a mutant that passes them all waits for mutmut's run.
+SCREEN_MAX_TESTS = 40
 SCREEN_LIMIT_S = 60.0  # a mutant whose tests run longer than this plus ten times their usual time hung
 # Which tests reach which mutated function, and each test's time, recorded by the screen itself
 # (mutmut's own stats shrink to the modules its last run mutated): kept while the tests digest holds.
@@ -369,8 +372,10 @@ def apply_screen(metas: Metas, verdicts: dict[str, int | None]) -> set[str]:
     return changed
 
 
-def screen_plan(todo: list[str], stats: dict[str, Any]) -> list[tuple[str, list[str]]]:
-    """Each mutant with the tests that reach its function, fastest first (mutmut's order); a mutant
+def screen_plan(
+    todo: list[str], stats: dict[str, Any], most: int = SCREEN_MAX_TESTS
+) -> list[tuple[str, list[str]]]:
+    """Each mutant with the `most` fastest tests that reach its function, fastest first; a mutant
     no test reaches is left out (mutmut's run records it as `no tests`)."""
     by_function: dict[str, list[str]] = stats["tests_by_mangled_function_name"]
     duration: dict[str, float] = stats["duration_by_test"]
@@ -378,7 +383,8 @@ def screen_plan(todo: list[str], stats: dict[str, Any]) -> list[tuple[str, list[
     for key in todo:
         tests = by_function.get(key.rpartition("__mutmut_")[0], [])
         if tests:
-            plan.append((key, sorted(set(tests), key=lambda t: (duration.get(t, 0.0), t))))
+            fastest = sorted(set(tests), key=lambda t: (duration.get(t, 0.0), t))
+            plan.append((key, fastest[:most]))
     return plan
 
 
@@ -496,11 +502,11 @@ def _read_progress(progress: Path, outcome: dict[str, str], current: str, since:
     return (current, since) if last == current else (last, time.monotonic())
 
 
-def screen(todo: list[str], metas: Metas, tests: str) -> dict[str, str]:
+def screen(todo: list[str], metas: Metas, tests: str, most: int = SCREEN_MAX_TESTS) -> dict[str, str]:
     """Screen `todo` (see _Screen), restarting the worker past a mutant that hangs; writes the kills
     into `metas` and their .meta files. Returns each screened mutant's outcome."""
     stats = _reach(tests)
-    plan = screen_plan(todo, stats)
+    plan = screen_plan(todo, stats, most)
     outcome: dict[str, str] = {}
     plan_file, progress = (
         STAGE / f"screen-plan-{os.getpid()}.json",
@@ -573,6 +579,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="instead of mutmut's run, screen the mutants to test in one pytest process: record the kills",
     )
+    parser.add_argument(
+        "--screen-tests",
+        type=int,
+        default=SCREEN_MAX_TESTS,
+        help="how many of the fastest tests that reach a mutant's function the screen runs",
+    )
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--screen-worker"]:
         return screen_worker(argv[1], Path(argv[2]), Path(argv[3]))
@@ -613,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if todo and options.screen and not options.report_only:
             started = time.monotonic()
-            outcome = screen(todo, metas, tests)
+            outcome = screen(todo, metas, tests, options.screen_tests)
             counts = {o: sum(v == o for v in outcome.values()) for o in sorted(set(outcome.values()))}
             print(f"screened {len(outcome)} of {len(todo)} in {time.monotonic() - started:.0f} s: {counts}")
         elif todo and not options.report_only:

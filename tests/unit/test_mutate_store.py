@@ -221,3 +221,4 @@ def test_a_screen_runs_the_tests_that_reach_a_mutants_function_fastest_first() -
     }
     todo = ["llmtrain.memory.x_plan__mutmut_1", "llmtrain.memory.x_fits__mutmut_1"]
     assert mutate.screen_plan(todo, stats) == [("llmtrain.memory.x_plan__mutmut_1", ["t::fast", "t::slow"])]
+    assert mutate.screen_plan(todo, stats, most=1) == [("llmtrain.memory.x_plan__mutmut_1", ["t::fast"])]
