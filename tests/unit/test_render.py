@@ -257,6 +257,12 @@ def test_head_and_submitter_follow_the_workers_node_selector_and_tolerate_its_gp
     del doc["spec"]["resources"]["nodeSelector"]
     head = rayjob(doc)["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
     assert gpu_taint not in head.get("tolerations", [])
+    # Nor on a CPU job sent to a pool: it has no GPU taint to tolerate.
+    cpu = with_path(_gpu_job(), "spec.resources.gpusPerWorker", 0)
+    del cpu["spec"]["resources"]["acceleratorType"]
+    cpu["spec"]["network"] = {"ncclProfile": "auto"}
+    head = rayjob(cpu)["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert head["nodeSelector"] == {"pool": "training"} and gpu_taint not in head["tolerations"]
 
 
 def test_custom_gpu_resource_and_label_key() -> None:
