@@ -720,7 +720,7 @@ def test_one_gpu_per_worker_is_a_gpu_worker_with_its_fabric_device() -> None:
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"]["value"] == "1"
     assert "NCCL_IB_HCA" in env or "NCCL_DEBUG_FILE" in env
     assert worker["resources"]["limits"]["rdma/rdma_shared_device_a"] == "1"
-    head = pods(rayjob(doc))[0]["spec"]
+    head = pods(rayjob(doc))[0]
     gpu_taint = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     assert gpu_taint in head["tolerations"]  # the pool's taint, as for eight GPUs a worker
     mounts = {m["name"]: m for m in worker["volumeMounts"]}
