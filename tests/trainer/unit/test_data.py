@@ -241,3 +241,35 @@ def test_tiny_stories_match_their_generator() -> None:
     spec.loader.exec_module(module)
     assert TINY_STORIES.read_text(encoding="utf-8") == module.generate()
     assert TINY_STORIES.stat().st_size < 300_000
+
+
+def test_a_hub_dataset_loads_its_split_with_the_hf_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A private dataset needs the Secret's HF_TOKEN; an empty or absent one is no token at all."""
+    calls: list[tuple[tuple[object, ...], dict[str, object]]] = []
+
+    def load(*args: object, **kwargs: object) -> Dataset:
+        calls.append((args, kwargs))
+        return Dataset.from_dict({"text": ["a"]})
+
+    monkeypatch.setattr(data, "load_dataset", load)
+    spec = DatasetSpec.model_validate({"name": "org/set", "split": "train[:10]"})
+    for token in ("hf_secret", "", None):
+        if token is None:
+            monkeypatch.delenv("HF_TOKEN", raising=False)
+        else:
+            monkeypatch.setenv("HF_TOKEN", token)
+        data.load_records(spec)
+    assert calls == [
+        (("org/set",), {"split": "train[:10]", "token": "hf_secret"}),
+        (("org/set",), {"split": "train[:10]", "token": None}),
+        (("org/set",), {"split": "train[:10]", "token": None}),
+    ]
+    monkeypatch.setattr(data, "load_dataset", lambda *a, **k: {"train": Dataset.from_dict({"text": ["a"]})})
+    with pytest.raises(DataError, match="^dataset 'org/set' did not load as a single split$"):
+        data.load_records(spec)
+
+
+def test_a_text_file_is_one_record_per_paragraph_with_its_line_breaks(tmp_path: Path) -> None:
+    (tmp_path / "book.txt").write_text("Once upon\na time.\n\nThe end.\n")
+    records = data.load_records(DatasetSpec.model_validate({"path": str(tmp_path / "book.txt")}))
+    assert [r["text"].strip() for r in records] == ["Once upon\na time.", "The end."]
