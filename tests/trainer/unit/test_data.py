@@ -265,7 +265,7 @@ def test_a_hub_dataset_loads_its_split_with_the_hf_token(monkeypatch: pytest.Mon
         (("org/set",), {"split": "train[:10]", "token": None}),
     ]
     monkeypatch.setattr(data, "load_dataset", lambda *a, **k: {"train": Dataset.from_dict({"text": ["a"]})})
-    with pytest.raises(DataError, match="^dataset 'org/set' did not load as a single split$"):
+    with pytest.raises(DataError, match=r"^dataset 'org/set' did not load as a single split$"):
         data.load_records(spec)
 
 
