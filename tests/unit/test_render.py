@@ -758,6 +758,20 @@ def test_the_head_container_is_ray_head_with_named_ports() -> None:
     ]
 
 
+def test_the_submitter_runs_once_small_and_bounded() -> None:
+    """KubeRay's submitter Job retries by its backoff limit, not by restarting the container in
+    place; its one container only submits and follows the job, so its requests stay small and its
+    limits bound it on a shared node."""
+    spec = rayjob(_gpu_job())["spec"]["submitterPodTemplate"]["spec"]
+    assert spec["restartPolicy"] == "Never"
+    (container,) = spec["containers"]
+    assert container["name"] == "ray-job-submitter"
+    assert container["resources"] == {
+        "requests": {"cpu": "200m", "memory": "256Mi"},
+        "limits": {"cpu": "1", "memory": "1Gi"},
+    }
+
+
 def test_the_trainer_config_carries_the_network_for_the_start_up_check() -> None:
     doc = _gpu_job(network={"ncclProfile": "efa", "fabric": {"onSocketFallback": "warn"}})
     config = cluster_trainer_config(_job(doc))
