@@ -720,6 +720,7 @@ def test_one_gpu_per_worker_is_a_gpu_worker_with_its_fabric_device() -> None:
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"]["value"] == "1"
     assert "NCCL_IB_HCA" in env or "NCCL_DEBUG_FILE" in env
     assert worker["resources"]["limits"]["rdma/rdma_shared_device_a"] == "1"
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1"
     head = pods(rayjob(doc))[0]
     gpu_taint = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     assert gpu_taint in head["tolerations"]  # the pool's taint, as for eight GPUs a worker
@@ -747,9 +748,11 @@ def test_every_ray_container_knows_its_job_and_prints_unbuffered() -> None:
     assert "LLMTRAIN_JOB_UID" not in env_of(pods(rayjob(_gpu_job()))[0])  # not stored yet: no uid
 
 
-def test_the_head_container_is_ray_head_with_named_ports() -> None:
-    """`kubectl logs -c ray-head` and a port-forward by port name reach the head."""
-    (container,) = pods(rayjob(_gpu_job()))[0]["containers"]
+def test_the_ray_containers_are_ray_head_with_named_ports_and_ray_worker() -> None:
+    """`kubectl logs -c ray-head` (or ray-worker) and a port-forward by port name reach them."""
+    head, worker = pods(rayjob(_gpu_job()))
+    assert [c["name"] for c in worker["containers"]] == ["ray-worker"]
+    (container,) = head["containers"]
     assert container["name"] == "ray-head"
     assert container["ports"] == [
         {"name": "gcs", "containerPort": 6379},
@@ -770,6 +773,13 @@ def test_the_submitter_runs_once_small_and_bounded() -> None:
         "requests": {"cpu": "200m", "memory": "256Mi"},
         "limits": {"cpu": "1", "memory": "1Gi"},
     }
+
+
+def test_the_config_volume_is_the_rendered_configmap() -> None:
+    objects = _by_kind(render(_job(_gpu_job())))
+    for pod in pods(objects["RayJob"]):
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["trainer-config"]["configMap"] == {"name": objects["ConfigMap"]["metadata"]["name"]}
 
 
 def test_the_trainer_config_carries_the_network_for_the_start_up_check() -> None:
