@@ -782,6 +782,20 @@ def test_the_config_volume_is_the_rendered_configmap() -> None:
         assert volumes["trainer-config"]["configMap"] == {"name": objects["ConfigMap"]["metadata"]["name"]}
 
 
+def test_each_child_names_its_component() -> None:
+    """`kubectl get -l app.kubernetes.io/component=training` finds a job's RayJob, and so on."""
+    created = with_path(minimal_job(), "spec.storage", {"create": {"size": "1Gi"}})
+    components = {
+        o["kind"]: o["metadata"]["labels"]["app.kubernetes.io/component"] for o in render(_job(created))
+    }
+    assert components == {
+        "ServiceAccount": "trainer-identity",
+        "PersistentVolumeClaim": "storage",
+        "ConfigMap": "trainer-config",
+        "RayJob": "training",
+    }
+
+
 def test_the_trainer_config_carries_the_network_for_the_start_up_check() -> None:
     doc = _gpu_job(network={"ncclProfile": "efa", "fabric": {"onSocketFallback": "warn"}})
     config = cluster_trainer_config(_job(doc))
