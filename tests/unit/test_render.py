@@ -100,6 +100,14 @@ def test_children_with_claim_and_with_created_pvc() -> None:
     }
     volumes = {v["name"]: v for v in pods(objs["RayJob"])[1]["volumes"]}
     assert volumes["shared-storage"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    # A claim of the user's own: mounted as it is, none created.
+    claimed = _by_kind(render(_job(with_path(minimal_job(), "spec.storage", {"claimName": "corpus"}))))
+    assert "PersistentVolumeClaim" not in claimed
+    for pod in pods(claimed["RayJob"]):
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["shared-storage"]["persistentVolumeClaim"] == {"claimName": "corpus"}
+    # Ray's autoscaler stays off: the workers are the spec's, started together and never scaled.
+    assert objs["RayJob"]["spec"]["rayClusterSpec"]["enableInTreeAutoscaling"] is False
 
 
 def test_a_created_claim_outlives_the_job_unless_reclaim_is_delete() -> None:
@@ -193,6 +201,9 @@ def test_trainer_identity_is_the_jobs_own_service_account() -> None:
 def test_the_namespace_reporter_role_grants_status_patch_to_its_service_accounts() -> None:
     role, binding = render_reporter_rbac("team-a")
     assert role["metadata"]["name"] == binding["metadata"]["name"] == REPORTER_NAME
+    for obj in (role, binding):
+        assert obj["metadata"]["labels"]["app.kubernetes.io/component"] == "reporter"
+        assert obj["metadata"]["labels"][MANAGED_BY_LABEL] == OPERATOR_NAME
     assert role["rules"] == [
         {"apiGroups": ["llmtrain.dev"], "resources": ["llmtrainingjobs/status"], "verbs": ["patch"]}
     ]
