@@ -273,3 +273,27 @@ def test_a_text_file_is_one_record_per_paragraph_with_its_line_breaks(tmp_path: 
     (tmp_path / "book.txt").write_text("Once upon\na time.\n\nThe end.\n")
     records = data.load_records(DatasetSpec.model_validate({"path": str(tmp_path / "book.txt")}))
     assert [r["text"].strip() for r in records] == ["Once upon\na time.", "The end."]
+
+
+def test_shards_are_whole_record_batches_spread_evenly_and_never_empty(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each process tokenises whole record batches (packing works per batch); the first ones take
+    one more batch when they do not divide evenly; no process gets an empty range."""
+    monkeypatch.setattr(data, "_PACK_BATCH_RECORDS", 10)
+    assert data._shard_bounds(60, 4) == [(0, 20), (20, 40), (40, 50), (50, 60)]
+    assert data._shard_bounds(65, 4) == [(0, 20), (20, 40), (40, 60), (60, 65)]
+    assert data._shard_bounds(10, 2) == [(0, 10)]
+    assert data._shard_bounds(0, 2) == [(0, 0)]
+
+
+def test_record_helpers_on_edge_cases() -> None:
+    assert list(data._records({})) == []
+    assert list(data._records({"a": [1, 2], "b": [3, 4]})) == [{"a": 1, "b": 3}, {"a": 2, "b": 4}]
+    no_eos = byte_level_tokenizer()
+    no_eos.eos_token = None
+    assert data._eos(no_eos) == []
+    with pytest.raises(
+        DataError, match=r"^record has no field 'prompt' \(the question\); fields are \['a', 'b'\]$"
+    ):
+        data._require_field({"b": 1, "a": 2}, "prompt", "the question")
