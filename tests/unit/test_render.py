@@ -961,6 +961,19 @@ def test_gcs_and_azure_credentials_reach_head_and_workers_as_secret_references()
     assert config.object_storage.azure.account_name == "llmtrainstore"
 
 
+def test_a_model_path_resolves_on_the_shared_storage_and_a_hub_id_stays() -> None:
+    """model.name: a path (more than one slash, or leading . or /) is a checkpoint on the shared
+    storage, relative to storage.mountPath; org/model is a hub id, passed as it is."""
+
+    def model_name(name: str) -> str | None:
+        model = {"name": name, "hfTokenSecretRef": {"name": "hf", "key": "token"}}
+        return _rendered_config(_stored(_gpu_job(model=model), "uid-1")).model.name
+
+    assert model_name("models/llama/final") == "/mnt/llmtrain/models/llama/final"
+    assert model_name("/weights/llama") == "/weights/llama"
+    assert model_name("meta-llama/Meta-Llama-3-8B") == "meta-llama/Meta-Llama-3-8B"
+
+
 def test_a_relative_validation_path_lies_on_the_shared_storage_and_a_uri_stays_a_uri() -> None:
     """dataset.validationPath resolves as dataset.path does: under storage.mountPath, or as is."""
     relative = _gpu_job(dataset={"path": "data/train", "validationPath": "data/val.jsonl"})
