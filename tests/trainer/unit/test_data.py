@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -297,3 +298,20 @@ def test_record_helpers_on_edge_cases() -> None:
         DataError, match=r"^record has no field 'prompt' \(the question\); fields are \['a', 'b'\]$"
     ):
         data._require_field({"b": 1, "a": 2}, "prompt", "the question")
+
+
+@pytest.mark.parametrize(
+    ("fields", "record", "named"),
+    [
+        ({"format": "instruction"}, {"response": "r"}, "'prompt' (dataset.promptField)"),
+        ({"format": "instruction"}, {"prompt": "p"}, "'response' (dataset.responseField)"),
+        ({"format": "chat"}, {"text": "t"}, "'messages' (dataset.messagesField)"),
+    ],
+)
+def test_a_record_without_its_field_names_the_spec_field_to_set(
+    fields: dict[str, str], record: dict[str, str], named: str
+) -> None:
+    spec = DatasetSpec.model_validate({"path": "x", **fields})
+    batch = {key: [value] for key, value in record.items()}
+    with pytest.raises(DataError, match=re.escape(f"record has no field {named}")):
+        data._supervised_batch(batch, byte_level_tokenizer(), spec)
