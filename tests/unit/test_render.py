@@ -961,6 +961,12 @@ def test_gcs_and_azure_credentials_reach_head_and_workers_as_secret_references()
     assert config.object_storage.azure.account_name == "llmtrainstore"
 
 
+def test_the_trainer_config_carries_the_failure_budget_and_collective_timeout() -> None:
+    doc = _gpu_job(runPolicy={"maxWorkerFailures": 7}, network={"collectiveTimeoutSeconds": 900})
+    config = _rendered_config(_stored(doc, "uid-1"))
+    assert (config.max_worker_failures, config.collective_timeout_seconds) == (7, 900)
+
+
 def test_a_model_path_resolves_on_the_shared_storage_and_a_hub_id_stays() -> None:
     """model.name: a path (more than one slash, or leading . or /) is a checkpoint on the shared
     storage, relative to storage.mountPath; org/model is a hub id, passed as it is."""
