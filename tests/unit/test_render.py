@@ -961,10 +961,13 @@ def test_gcs_and_azure_credentials_reach_head_and_workers_as_secret_references()
     assert config.object_storage.azure.account_name == "llmtrainstore"
 
 
-def test_the_trainer_config_carries_the_failure_budget_and_collective_timeout() -> None:
-    doc = _gpu_job(runPolicy={"maxWorkerFailures": 7}, network={"collectiveTimeoutSeconds": 900})
+def test_the_trainer_config_carries_the_failure_budget_timeout_and_method() -> None:
+    doc = _gpu_job(
+        runPolicy={"maxWorkerFailures": 7}, network={"collectiveTimeoutSeconds": 900}, method={"type": "lora"}
+    )
     config = _rendered_config(_stored(doc, "uid-1"))
     assert (config.max_worker_failures, config.collective_timeout_seconds) == (7, 900)
+    assert config.method.type == "lora"
 
 
 def test_a_model_path_resolves_on_the_shared_storage_and_a_hub_id_stays() -> None:
