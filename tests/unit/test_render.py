@@ -982,6 +982,7 @@ def test_a_model_path_resolves_on_the_shared_storage_and_a_hub_id_stays() -> Non
     assert model_name("models/llama/final") == "/mnt/llmtrain/models/llama/final"
     assert model_name("/weights/llama") == "/weights/llama"
     assert model_name("final/") == "/mnt/llmtrain/final"
+    assert model_name("./final") == "/mnt/llmtrain/final"
     assert model_name("meta-llama/Meta-Llama-3-8B") == "meta-llama/Meta-Llama-3-8B"
     # The trainer tries a hub-id-looking name as a folder under paths_base first (weights.py).
     assert _rendered_config(_stored(_gpu_job(), "uid-1")).paths_base == "/mnt/llmtrain"
