@@ -838,6 +838,25 @@ def test_every_run_takes_the_specs_count_of_training_processes(
     assert (on_cpu.num_workers, on_cpu.devices_per_worker, on_cpu.use_gpu) == (workers, 1, False)
 
 
+def test_a_local_run_by_default_is_on_the_cpu_beside_the_job_file(tmp_path: Path) -> None:
+    """`llmtrain run` without --gpu: one CPU process per worker pod, one core each, the run named
+    "local" unless the caller names it, and relative data paths under the job file's folder."""
+    from llmtrain.render.trainer_config import local_trainer_config
+
+    job = _job(_gpu_job(dataset={"path": "data/train.txt"}))
+    config = local_trainer_config(job, tmp_path / "jobs", tmp_path / "runs")
+    assert (config.scaling.use_gpu, config.scaling.cpus_per_worker) == (False, 1.0)
+    assert config.run_name == "local"
+    assert config.dataset.path == str((tmp_path / "jobs" / "data" / "train.txt").resolve())
+    assert config.paths_base == str((tmp_path / "jobs").resolve())
+    assert local_trainer_config(job, tmp_path, tmp_path, local_run_id="sweep-3").run_name == "sweep-3"
+
+
+def test_the_cluster_config_reports_progress_at_the_given_interval() -> None:
+    config = cluster_trainer_config(_job(_gpu_job()), progress_interval_seconds=7.5)
+    assert config.progress.report_to_kubernetes and config.progress.interval_seconds == 7.5
+
+
 def _ray_version_of(doc: dict[str, Any], images: ImageSettings | None = None) -> tuple[str, set[str]]:
     """The RayJob's rayVersion, and the LLMTRAIN_RAY_VERSION of its head and worker containers."""
     (rayjob,) = [o for o in render(parse_job(doc), images or ImageSettings()) if o["kind"] == "RayJob"]
