@@ -847,6 +847,7 @@ def test_a_local_run_by_default_is_on_the_cpu_beside_the_job_file(tmp_path: Path
     config = local_trainer_config(job, tmp_path / "jobs", tmp_path / "runs")
     assert (config.scaling.use_gpu, config.scaling.cpus_per_worker) == (False, 1.0)
     assert config.run_name == "local"
+    assert not config.progress.report_to_kubernetes  # no job object to report to
     assert config.dataset.path == str((tmp_path / "jobs" / "data" / "train.txt").resolve())
     assert config.paths_base == str((tmp_path / "jobs").resolve())
     assert local_trainer_config(job, tmp_path, tmp_path, local_run_id="sweep-3").run_name == "sweep-3"
