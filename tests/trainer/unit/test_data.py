@@ -315,3 +315,18 @@ def test_a_record_without_its_field_names_the_spec_field_to_set(
     batch = {key: [value] for key, value in record.items()}
     with pytest.raises(DataError, match=re.escape(f"record has no field {named}")):
         data._supervised_batch(batch, byte_level_tokenizer(), spec)
+
+
+def test_the_data_position_round_trips_through_the_checkpoint() -> None:
+    position = DataPosition(epoch=2, offset=5)
+    assert position.to_dict() == {"epoch": 2, "offset": 5}
+    assert DataPosition.from_dict({"epoch": "2", "offset": 5}) == position
+
+
+def test_a_validation_file_is_a_dataset_of_its_own_with_the_same_encoding() -> None:
+    spec = DatasetSpec.model_validate(
+        {"path": "train.jsonl", "validationPath": "val.jsonl", "format": "instruction", "maxSeqLength": 32}
+    )
+    held_out = data.validation_spec(spec)
+    assert (held_out.path, held_out.validation_path, held_out.name) == ("val.jsonl", None, None)
+    assert (held_out.format, held_out.max_seq_length) == ("instruction", 32)
