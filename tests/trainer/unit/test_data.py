@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from datasets import Dataset
 from llmtrain.api.spec import DatasetSpec
 from llmtrain_trainer import data
@@ -330,3 +331,29 @@ def test_a_validation_file_is_a_dataset_of_its_own_with_the_same_encoding() -> N
     held_out = data.validation_spec(spec)
     assert (held_out.path, held_out.validation_path, held_out.name) == ("val.jsonl", None, None)
     assert (held_out.format, held_out.max_seq_length) == ("instruction", 32)
+
+
+def test_each_epoch_visits_the_samples_in_its_seeded_order() -> None:
+    """Epoch e is randperm(n, seed + e), cut in global batches of micro_batch x world; the tail
+    that makes no whole global batch waits for no one (22 rows: 5 batches of 4, 2 rows dropped)."""
+    dataset = Dataset.from_dict({"input_ids": [[i] for i in range(22)], "labels": [[i] for i in range(22)]})
+
+    def order(epoch: int) -> list[int]:
+        return torch.randperm(22, generator=torch.Generator().manual_seed(5 + epoch)).tolist()
+
+    seen, position = _walk(dataset, world=2, batches=8)
+    assert seen == order(0)[:20] + order(1)[:12]
+    assert position == DataPosition(1, 12)
+    # Resumed in epoch 1 (a fresh iterator), and from an offset inside a global batch (another
+    # world size saved it): rounded down to the batch, so samples repeat rather than being skipped.
+    resumed, _ = _walk(dataset, world=2, batches=1, position=DataPosition(1, 6))
+    assert resumed == order(1)[4:8]
+
+
+def test_a_batch_is_padded_with_the_pad_id_to_a_multiple_of_8_and_one_batch_is_enough() -> None:
+    dataset = Dataset.from_dict({"input_ids": [[i] for i in range(4)], "labels": [[i] for i in range(4)]})
+    batch = DistributedBatches(dataset, 2, 0, 2, 5, 99).next_batch()
+    assert batch["input_ids"].shape == (2, 8)
+    assert batch["input_ids"][:, 1:].eq(99).all() and batch["labels"][:, 1:].eq(IGNORE_INDEX).all()
+    with pytest.raises(DataError, match="the dataset has 4 sequences, fewer than one global micro-batch"):
+        DistributedBatches(dataset, 3, 0, 2, 5, 99)
