@@ -357,3 +357,46 @@ def test_a_batch_is_padded_with_the_pad_id_to_a_multiple_of_8_and_one_batch_is_e
     assert batch["input_ids"][:, 1:].eq(99).all() and batch["labels"][:, 1:].eq(IGNORE_INDEX).all()
     with pytest.raises(DataError, match="the dataset has 4 sequences, fewer than one global micro-batch"):
         DistributedBatches(dataset, 3, 0, 2, 5, 99)
+
+
+def test_a_data_folder_takes_one_type_of_visible_data_files(tmp_path: Path) -> None:
+    """Hidden files (an editor's .swp, a .DS_Store) and other suffixes are not data; no file left,
+    or two types mixed, is an error that names the setting and the folder."""
+    folder = tmp_path / "corpus"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "b.jsonl").write_text("{}\n")
+    (folder / "sub" / "a.jsonl").write_text("{}\n")
+    (folder / ".hidden.jsonl").write_text("{}\n")
+    (folder / "notes.md").write_text("x")
+    assert data.data_files(folder) == ("json", [str(folder / "b.jsonl"), str(folder / "sub" / "a.jsonl")])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "readme.md").write_text("x")
+    with pytest.raises(DataError, match=re.escape(f"dataset.validationPath {str(empty)!r} holds no .jsonl")):
+        data.data_files(empty, "dataset.validationPath")
+    (folder / "c.parquet").write_bytes(b"")
+    (folder / "d.txt").write_text("x")
+    with pytest.raises(
+        DataError,
+        match=re.escape(f"dataset.path {str(folder)!r} mixes file types ['json', 'parquet', 'text']"),
+    ):
+        data.data_files(folder)
+
+
+def test_small_datasets_tokenise_in_one_process_large_ones_in_one_per_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(data, "_PACK_BATCH_RECORDS", 10)
+    assert [data.tokenize_processes(n, 4) for n in (0, 1, 10, 11, 25, 1000)] == [1, 1, 1, 2, 3, 4]
+
+
+def test_pack_keeps_only_whole_sequences() -> None:
+    assert pack([[1, 2, 3], [4, 5]], 2) == [[1, 2], [3, 4]]
+    assert pack([[1, 2, 3], [4]], 2) == [[1, 2], [3, 4]]
+    assert pack([[1]], 2) == []
+
+
+def test_the_tokenised_data_cache_lies_beside_the_datasets_cache() -> None:
+    import datasets
+
+    assert data.default_cache_root() == Path(datasets.config.HF_DATASETS_CACHE) / "llmtrain-tokenized"
