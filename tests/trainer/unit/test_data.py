@@ -400,3 +400,39 @@ def test_the_tokenised_data_cache_lies_beside_the_datasets_cache() -> None:
     import datasets
 
     assert data.default_cache_root() == Path(datasets.config.HF_DATASETS_CACHE) / "llmtrain-tokenized"
+
+
+def test_the_validation_split_is_a_seeded_shuffle_down_to_two_sequences(tmp_path: Path) -> None:
+    """The held-out rows are drawn at random with the run's seed (the same on every rank and every
+    restart, else training rows would leak into validation), and two sequences still split."""
+    tokenizer = byte_level_tokenizer()
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(f"story {i} " * 6 for i in range(40)))
+    spec = DatasetSpec(path=str(corpus), max_seq_length=16, validation_split=0.25, packing=False)
+
+    def held_out(seed: int) -> list[list[int]]:
+        built = build_sequences(spec, tokenizer, seed=seed, cache_root=tmp_path / "cache")
+        assert built.validation is not None
+        return list(built.validation["input_ids"])
+
+    first = held_out(3)
+    assert held_out(3) == first
+    rows = list(
+        build_sequences(
+            spec.model_copy(update={"validation_split": 0.0}),
+            tokenizer,
+            seed=3,
+            cache_root=tmp_path / "cache",
+        ).train["input_ids"]
+    )
+    assert first != rows[-len(first) :], "the last rows, not a shuffled draw"
+    two = tmp_path / "two.txt"
+    two.write_text("a\n\nb")
+    pair = build_sequences(
+        DatasetSpec(path=str(two), max_seq_length=16, validation_split=0.5, packing=False),
+        tokenizer,
+        seed=0,
+        cache_root=tmp_path / "cache",
+    )
+    assert pair.validation is not None and (len(pair.train), len(pair.validation)) == (1, 1)
+    assert not pair.fixed_label_count  # unpacked rows: each its own count of labels
