@@ -436,3 +436,14 @@ def test_the_validation_split_is_a_seeded_shuffle_down_to_two_sequences(tmp_path
     )
     assert pair.validation is not None and (len(pair.train), len(pair.validation)) == (1, 1)
     assert not pair.fixed_label_count  # unpacked rows: each its own count of labels
+
+
+def test_two_shards_give_the_one_process_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both shards are read back, in order (three are in test_tokenize_cache)."""
+    monkeypatch.setattr(data, "_PACK_BATCH_RECORDS", 4)
+    records = Dataset.from_dict({"text": [f"document {i} " * (i % 3 + 1) for i in range(8)]})
+    spec = DatasetSpec.model_validate({"path": "x", "maxSeqLength": 16, "packing": False})
+    one = tokenize(records, byte_level_tokenizer(), spec, procs=1)
+    two = tokenize(records, byte_level_tokenizer(), spec, procs=2)
+    assert len(two.cache_files) == 2
+    assert two.to_dict() == one.to_dict()
