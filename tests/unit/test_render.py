@@ -833,7 +833,7 @@ def test_every_run_takes_the_specs_count_of_training_processes(
         gpus > 0,
     )
     local = local_trainer_config(job, tmp_path, tmp_path, use_gpu=True).scaling
-    assert (local.num_workers, local.devices_per_worker) == (processes, per_pod)
+    assert (local.num_workers, local.devices_per_worker, local.use_gpu) == (processes, per_pod, True)
     on_cpu = local_trainer_config(job, tmp_path, tmp_path, use_gpu=False).scaling
     assert (on_cpu.num_workers, on_cpu.devices_per_worker, on_cpu.use_gpu) == (workers, 1, False)
 
@@ -856,6 +856,10 @@ def test_a_local_run_by_default_is_on_the_cpu_beside_the_job_file(tmp_path: Path
 def test_the_cluster_config_reports_progress_at_the_given_interval() -> None:
     config = cluster_trainer_config(_job(_gpu_job()), progress_interval_seconds=7.5)
     assert config.progress.report_to_kubernetes and config.progress.interval_seconds == 7.5
+    # The e2e tier finds a run's files under run_storage_path: where the config sends them.
+    from llmtrain.render.trainer_config import run_storage_path
+
+    assert config.storage_path == run_storage_path(_job(_gpu_job())) == "/mnt/llmtrain/runs/team-a/llama"
 
 
 def _ray_version_of(doc: dict[str, Any], images: ImageSettings | None = None) -> tuple[str, set[str]]:
