@@ -21,6 +21,9 @@ the mutants still without a verdict, and writes the store back from the .meta fi
 interrupted. Arguments are mutant-name globs: only the matching mutants without a verdict are
 tested (`--again`: all the matching ones). Prints `mutation_score=` and every survivor, counting
 the restored verdicts; exits 1 below the threshold or while a mutant is untested.
+
+`--screen` is a fast first pass over the same mutants (see screen()): it writes only kills, and a
+later run without it has mutmut judge the rest.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -333,6 +337,226 @@ def mutmut(*args: str) -> None:
         raise subprocess.CalledProcessError(code, process.args)
 
 
+# --screen: a fast first pass. mutmut tests each mutant in a process of its own; the screen runs the
+# mutants of a file one after the other in ONE pytest process, switching them with
+# MUTANT_UNDER_TEST, which mutmut's trampolines read at each call. State can outlive a mutant there
+# (a functools.cache, a module-scoped fixture), so a kill counts only when the failing test passes
+# again at once without the mutant, and the screen writes nothing else: a mutant its tests did not
+# kill, or one that hung, is left without a verdict for mutmut's own run.
+SCREEN_KILLED = 1  # mutmut's exit code for "killed"
+# By default, the fastest tests of a mutant's function that a screen runs (`--screen-tests`): a
+# kill mostly comes from the first few, and a mutant that passes them all waits for mutmut's run.
+SCREEN_MAX_TESTS = 40
+SCREEN_LIMIT_S = 60.0  # a mutant whose tests run longer than this plus ten times their usual time hung
+# Which tests reach which mutated function, and each test's time, recorded by the screen itself
+# (mutmut's own stats shrink to the modules its last run mutated): kept while the tests digest holds.
+REACH = STAGE / "screen-reach.json"
+
+
+def screen_verdict(failed_with_mutant: bool, passed_without: bool) -> int | None:
+    """What a screen may write for a mutant: killed, when a test failed with it and passed right
+    after without it; nothing otherwise (a survivor or a doubtful kill waits for mutmut's run)."""
+    return SCREEN_KILLED if failed_with_mutant and passed_without else None
+
+
+def apply_screen(metas: Metas, verdicts: dict[str, int | None]) -> set[str]:
+    """Write a screen's verdicts into mutants that have none (never over mutmut's own); returns the
+    files changed."""
+    changed = set()
+    for name, meta in metas.items():
+        codes = meta["exit_code_by_key"]
+        for key, verdict in verdicts.items():
+            if key in codes and codes[key] is None and verdict == SCREEN_KILLED:
+                codes[key] = verdict
+                changed.add(name)
+    return changed
+
+
+def screen_plan(
+    todo: list[str], stats: dict[str, Any], most: int = SCREEN_MAX_TESTS
+) -> list[tuple[str, list[str]]]:
+    """Each mutant with the `most` fastest tests that reach its function, fastest first; a mutant
+    no test reaches is left out (mutmut's run records it as `no tests`)."""
+    by_function: dict[str, list[str]] = stats["tests_by_mangled_function_name"]
+    duration: dict[str, float] = stats["duration_by_test"]
+    plan = []
+    for key in todo:
+        tests = by_function.get(key.rpartition("__mutmut_")[0], [])
+        if tests:
+            fastest = sorted(set(tests), key=lambda t: (duration.get(t, 0.0), t))
+            plan.append((key, fastest[:most]))
+    return plan
+
+
+class _Screen:
+    """The pytest plugin of a screen's worker: runs the plan instead of the session's tests and
+    appends one JSON line per mutant to `progress`: {"mutant", "event": start|killed|survived|doubtful}."""
+
+    def __init__(self, plan: list[tuple[str, list[str]]], progress: Path) -> None:
+        self.plan = plan
+        self.progress = progress
+
+    def _note(self, mutant: str, event: str) -> None:
+        with self.progress.open("a") as out:
+            out.write(json.dumps({"mutant": mutant, "event": event}) + "\n")
+
+    def pytest_runtestloop(self, session: Any) -> bool:
+        from _pytest.runner import runtestprotocol
+
+        items = {item.nodeid: item for item in session.items}
+
+        def passes(item: Any) -> bool:
+            reports = runtestprotocol(item, nextitem=None, log=False)
+            return not any(report.failed for report in reports)
+
+        for mutant, tests in self.plan:
+            self._note(mutant, "start")
+            _clear_caches()
+            os.environ["MUTANT_UNDER_TEST"] = mutant
+            failing = next((items[t] for t in tests if t in items and not passes(items[t])), None)
+            os.environ["MUTANT_UNDER_TEST"] = ""
+            _clear_caches()
+            verdict = screen_verdict(failing is not None, failing is not None and passes(failing))
+            event = "killed" if verdict == SCREEN_KILLED else "doubtful" if failing else "survived"
+            self._note(mutant, event)
+        return True
+
+
+class _Reach:
+    """The pytest plugin of the screen's first run: with MUTANT_UNDER_TEST=stats, mutmut's
+    trampolines note each mutated function a test calls; this keeps them per test, with its time."""
+
+    def __init__(self) -> None:
+        self.tests_by_function: dict[str, list[str]] = {}
+        self.duration: dict[str, float] = {}
+
+    def pytest_runtest_teardown(self, item: Any) -> None:
+        from mutmut.state import state
+
+        for function in state()._stats:
+            self.tests_by_function.setdefault(function, []).append(item.nodeid)
+        state()._stats.clear()
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        self.duration[report.nodeid] = self.duration.get(report.nodeid, 0.0) + report.duration
+
+
+def _clear_caches() -> None:
+    """Empty every functools cache of the packages: a value cached under one mutant is not another's."""
+    for module in list(sys.modules.values()):
+        if module is not None and module.__name__.startswith(tuple(PACKAGES)):
+            for value in list(vars(module).values()):
+                if callable(getattr(value, "cache_clear", None)):
+                    value.cache_clear()
+
+
+def screen_worker(mode: str, plan_file: Path, progress: Path) -> int:
+    """A screen's pytest process, in .mutate/mutants/ with mutmut's pytest settings: `reach` runs
+    the test selection to write REACH, `plan` the plan's mutants."""
+    import pytest
+
+    config = _mutmut_config()
+    tail = ["--rootdir=.", "--tb=no", "-q", "-p", "no:randomly", *config["pytest_add_cli_args"]]
+    if mode == "reach":
+        os.environ["MUTANT_UNDER_TEST"] = "stats"
+        os.environ["MUTMUT_DEPENDENCY_DEPTH"] = "-1"
+        reach = _Reach()
+        code = int(pytest.main([*config["pytest_add_cli_args_test_selection"], *tail], plugins=[reach]))
+        stats = {
+            "tests_by_mangled_function_name": reach.tests_by_function,
+            "duration_by_test": reach.duration,
+        }
+        progress.write_text(json.dumps(stats))
+        return code
+    plan = [(mutant, tests) for mutant, tests in json.loads(plan_file.read_text())]
+    files = sorted({test.partition("::")[0] for _, tests in plan for test in tests})
+    return int(pytest.main([*files, *tail], plugins=[_Screen(plan, progress)]))
+
+
+def _reach(tests: str) -> dict[str, Any]:
+    """REACH for the tests digest `tests`, recorded again when they changed."""
+    if REACH.exists():
+        kept: dict[str, Any] = json.loads(REACH.read_text())
+        if kept.get("tests") == tests:
+            return kept
+    scratch = STAGE / "screen-reach.tmp"
+    worker = [sys.executable, __file__, "--screen-worker", "reach", "-", str(scratch)]
+    code = subprocess.run(worker, cwd=MUTANTS, stdout=subprocess.DEVNULL).returncode
+    if code != 0 or not scratch.exists():
+        raise RuntimeError(f"the tests failed without a mutant (exit {code}): fix them before screening")
+    stats: dict[str, Any] = {"tests": tests, **json.loads(scratch.read_text())}
+    REACH.write_text(json.dumps(stats))
+    scratch.unlink()
+    return stats
+
+
+def _read_progress(progress: Path, outcome: dict[str, str], current: str, since: float) -> tuple[str, float]:
+    """Take the worker's finished mutants into `outcome`; returns the one it is on and since when."""
+    last = current
+    for line in progress.read_text().split("\n")[:-1]:  # a line still being written has no newline
+        event = json.loads(line)
+        if event["event"] == "start":
+            last = event["mutant"]
+        else:
+            outcome[event["mutant"]] = event["event"]
+    return (current, since) if last == current else (last, time.monotonic())
+
+
+def screen(todo: list[str], metas: Metas, tests: str, most: int = SCREEN_MAX_TESTS) -> dict[str, str]:
+    """Screen `todo` (see _Screen), restarting the worker past a mutant that hangs; writes the kills
+    into `metas` and their .meta files. Returns each screened mutant's outcome."""
+    stats = _reach(tests)
+    plan = screen_plan(todo, stats, most)
+    outcome: dict[str, str] = {}
+    plan_file, progress = (
+        STAGE / f"screen-plan-{os.getpid()}.json",
+        STAGE / f"screen-progress-{os.getpid()}.jsonl",
+    )
+    try:
+        while plan:
+            plan_file.write_text(json.dumps(plan))
+            progress.write_text("")
+            worker = subprocess.Popen(
+                [sys.executable, __file__, "--screen-worker", "plan", str(plan_file), str(progress)],
+                cwd=MUTANTS,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            current, since = "", time.monotonic()
+            try:
+                while worker.poll() is None:
+                    time.sleep(0.5)
+                    current, since = _read_progress(progress, outcome, current, since)
+                    if current and current not in outcome:
+                        usual = sum(stats["duration_by_test"].get(t, 1.0) for t in dict(plan)[current])
+                        if time.monotonic() - since > SCREEN_LIMIT_S + 10 * usual:
+                            worker.kill()
+            finally:
+                if worker.poll() is None:
+                    worker.kill()
+                worker.wait()
+            current, since = _read_progress(progress, outcome, current, since)
+            if current and current not in outcome:
+                outcome[current] = "hung or crashed"
+            left = [(mutant, reach) for mutant, reach in plan if mutant not in outcome]
+            if len(left) == len(plan):
+                raise RuntimeError(
+                    f"the screen's worker stopped before its first mutant (exit {worker.returncode})"
+                )
+            plan = left
+    finally:
+        # Also when interrupted: the kills so far are kept.
+        if progress.exists():
+            _read_progress(progress, outcome, "", 0.0)
+        plan_file.unlink(missing_ok=True)
+        progress.unlink(missing_ok=True)
+        changed = apply_screen(
+            metas, {m: SCREEN_KILLED if o == "killed" else None for m, o in outcome.items()}
+        )
+        save_metas(metas, changed, MUTANTS)
+    return outcome
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -350,6 +574,20 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="restore the store, save it back and print the score, run nothing",
     )
+    parser.add_argument(
+        "--screen",
+        action="store_true",
+        help="instead of mutmut's run, screen the mutants to test in one pytest process: record the kills",
+    )
+    parser.add_argument(
+        "--screen-tests",
+        type=int,
+        default=SCREEN_MAX_TESTS,
+        help="how many of the fastest tests that reach a mutant's function the screen runs",
+    )
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--screen-worker"]:
+        return screen_worker(argv[1], Path(argv[2]), Path(argv[3]))
     options = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
 
@@ -385,7 +623,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"restored {restored} verdicts from {STORE.name}; {len(todo)} mutants to test")
     interrupted = False
     try:
-        if todo and not options.report_only:
+        if todo and options.screen and not options.report_only:
+            started = time.monotonic()
+            outcome = screen(todo, metas, tests, options.screen_tests)
+            counts = {o: sum(v == o for v in outcome.values()) for o in sorted(set(outcome.values()))}
+            print(f"screened {len(outcome)} of {len(todo)} in {time.monotonic() - started:.0f} s: {counts}")
+        elif todo and not options.report_only:
             # Named, mutmut tests a mutant even if it has a verdict; unnamed, every one without.
             mutmut("run", "--max-children", str(options.max_children), *(todo if options.names else []))
     except KeyboardInterrupt:

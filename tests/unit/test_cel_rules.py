@@ -14,7 +14,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from llmtrain.api.base import POSITIVE_QUANTITY_RULE, QUANTITY_PATTERN, QUANTITY_RULE
+from llmtrain.api.base import (
+    POSITIVE_QUANTITY_RULE,
+    QUANTITY_PATTERN,
+    QUANTITY_RULE,
+    cel,
+    immutable,
+    metadata_keys_rule,
+    positive_quantity,
+)
 from llmtrain.api.cel import evaluate_rule, violations
 from llmtrain.api.crd import openapi_schema
 
@@ -737,3 +745,93 @@ def test_a_node_is_converted_to_cel_once_for_all_its_rules(monkeypatch: pytest.M
     parse_job(minimal_job("j"))
     specs = [v for v in made if isinstance(v["self"], dict) and "model" in v["self"]]
     assert len(specs) == 1, f"the spec converted {len(specs)} times"
+
+
+def test_the_rule_builders_make_the_entries_the_models_carry() -> None:
+    """base.py's builders called directly: the models call them once, at import, so a builder
+    that went wrong would reach the CRD unseen by the tests that read the schema."""
+    assert cel("self > 0", "give more") == {"rule": "self > 0", "message": "give more"}
+    assert cel("self > 0", "give more", ".n") == {
+        "rule": "self > 0",
+        "message": "give more",
+        "fieldPath": ".n",
+    }
+    assert immutable("model") == {
+        "x-kubernetes-validations": [
+            {
+                "rule": SELF_EQ,
+                "message": "spec.model is immutable after creation: create a new LLMTrainingJob "
+                "(or delete and re-apply this one) to change it",
+            }
+        ]
+    }
+    well_formed, positive = positive_quantity("resources.memory", "64Gi")["x-kubernetes-validations"]
+    assert well_formed == {
+        "rule": QUANTITY_RULE,
+        "message": "resources.memory must be a Kubernetes quantity: use e.g. 64Gi (a number and an "
+        "optional unit: Ki, Mi, Gi, Ti, k, M, G, T, or m for thousandths; no space; GB is not a unit)",
+    }
+    assert positive == {
+        "rule": POSITIVE_QUANTITY_RULE,
+        "message": "resources.memory must be greater than zero: give a positive quantity such as '64Gi'",
+    }
+    (only,) = metadata_keys_rule("labels")["x-kubernetes-validations"]
+    keys, reserved = metadata_keys_rule("labels", ("ray.io/", "llmtrain.dev/"))["x-kubernetes-validations"]
+    assert only == keys
+    assert keys["message"] == (
+        "labels keys must be valid Kubernetes keys ([prefix/]name, name at most 63 characters "
+        "of letters, digits, '-', '_' and '.')"
+    )
+    assert reserved["message"] == (
+        "labels keys under ray.io/, llmtrain.dev/ belong to the platform and KubeRay: use your own prefix"
+    )
+    assert evaluate_rule(keys["rule"], {"team": "a", "example.com/x": "b", "a" * 63: "c"})
+    for bad in ("-team", "a" * 64, "Example.com/x", "example.com/", f"{'a' * 253}/{'b' * 63}"):
+        assert not evaluate_rule(keys["rule"], {bad: "x"}), bad
+    assert evaluate_rule(reserved["rule"], {"example.com/x": "b", "team": "a"})
+    for bad in ("ray.io/node-type", "llmtrain.dev/job"):
+        assert not evaluate_rule(reserved["rule"], {"team": "a", bad: "x"}), bad
+
+
+_LIST_MAP: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "env": {
+            "type": "array",
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+            "items": {
+                "type": "object",
+                "properties": {"name": {"type": "string"}, "value": {"type": "string"}},
+                "x-kubernetes-validations": [
+                    {
+                        "rule": "self.value == oldSelf.value",
+                        "message": "value is immutable",
+                        "fieldPath": ".value",
+                    }
+                ],
+            },
+        },
+        "plain": {
+            "type": "array",
+            "items": {"type": "string", "x-kubernetes-validations": [{"rule": SELF_EQ, "message": "fixed"}]},
+        },
+        "ratio": {"type": "number", "x-kubernetes-validations": [{"rule": "self > 0.5", "message": "more"}]},
+    },
+}
+
+
+def test_a_list_maps_items_meet_their_old_selves_by_key_as_the_api_server_does() -> None:
+    """The engine's walk, on a schema of its own: an item of a list-map keeps its transition rules
+    against the old item of the same key, wherever either list has it; a new key has no old self;
+    items of a plain list have none (the API server's correlation rules); a number field's integer
+    is a double to CEL."""
+    old = {"env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}], "plain": ["x"], "ratio": 1}
+    same = {"env": [{"name": "B", "value": "2"}, {"name": "A", "value": "1"}, {"name": "C", "value": "3"}]}
+    assert violations(_LIST_MAP, same, old=old) == []
+    changed = {"env": [{"name": "C", "value": "3"}, {"name": "A", "value": "9"}], "plain": ["y"], "ratio": 1}
+    assert [(v.path, v.message) for v in violations(_LIST_MAP, changed, old=old)] == [
+        (".env[1].value", "value is immutable")
+    ]
+    assert violations(_LIST_MAP, changed) == []  # a create: no old object, no transition rules
+    assert [v.path for v in violations(_LIST_MAP, {"ratio": 0})] == [".ratio"]

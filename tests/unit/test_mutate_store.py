@@ -184,3 +184,41 @@ def test_an_interrupted_run_stores_the_verdicts_so_far_and_reports_them(
     assert "mutants=3 judged=1 killed=1 not_run=2" in out and "interrupted: the verdicts so far" in out
     stored = mutate.read_store(stage / "verdicts.json")["files"][FILE]["functions"]
     assert stored == {"x_plan": {"hash": "aaa", "exit_codes": {"1": KILLED}}}
+
+
+def test_a_screen_takes_a_kill_only_when_the_test_passes_again_without_the_mutant() -> None:
+    assert mutate.screen_verdict(failed_with_mutant=True, passed_without=True) == KILLED
+    # Failing without the mutant too: state a previous mutant left behind, not this one's kill.
+    assert mutate.screen_verdict(failed_with_mutant=True, passed_without=False) is None
+    # Not killed in one process is no survivor: mutmut's own run decides it.
+    assert mutate.screen_verdict(failed_with_mutant=False, passed_without=True) is None
+
+
+def test_a_screen_writes_kills_into_unjudged_mutants_only() -> None:
+    metas = _judged()
+    metas[FILE]["exit_code_by_key"]["llmtrain.memory.x_plan__mutmut_3"] = None
+    metas[FILE]["exit_code_by_key"]["llmtrain.memory.x_plan__mutmut_4"] = None
+    verdicts: dict[str, int | None] = {
+        "llmtrain.memory.x_plan__mutmut_2": KILLED,  # mutmut's survivor stays one
+        "llmtrain.memory.x_plan__mutmut_3": KILLED,
+        "llmtrain.memory.x_plan__mutmut_4": None,
+    }
+    assert mutate.apply_screen(metas, verdicts) == {FILE}
+    assert _codes(metas) == {
+        "x_plan__mutmut_1": KILLED,
+        "x_plan__mutmut_2": SURVIVED,
+        "x_fits__mutmut_1": TIMEOUT,
+        "x_plan__mutmut_3": KILLED,
+        "x_plan__mutmut_4": None,
+    }
+    assert mutate.apply_screen(metas, {"llmtrain.memory.x_plan__mutmut_4": None}) == set()
+
+
+def test_a_screen_runs_the_tests_that_reach_a_mutants_function_fastest_first() -> None:
+    stats = {
+        "tests_by_mangled_function_name": {"llmtrain.memory.x_plan": ["t::slow", "t::fast", "t::slow"]},
+        "duration_by_test": {"t::slow": 2.0, "t::fast": 0.1},
+    }
+    todo = ["llmtrain.memory.x_plan__mutmut_1", "llmtrain.memory.x_fits__mutmut_1"]
+    assert mutate.screen_plan(todo, stats) == [("llmtrain.memory.x_plan__mutmut_1", ["t::fast", "t::slow"])]
+    assert mutate.screen_plan(todo, stats, most=1) == [("llmtrain.memory.x_plan__mutmut_1", ["t::fast"])]

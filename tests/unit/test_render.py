@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -25,7 +26,7 @@ from llmtrain.constants import (
 )
 from llmtrain.operator.config import DEFAULT_RESYNC_SECONDS, DEFAULT_STARTUP_LOOK_SECONDS
 from llmtrain.render import ImageSettings, render
-from llmtrain.render.names import child_name
+from llmtrain.render.names import child_name, configmap_name, pvc_name, rayjob_name, trainer_account_name
 from llmtrain.render.network import PROFILES
 from llmtrain.render.rayjob import CONTAINER_SECURITY_CONTEXT, TERMINATION_GRACE_SECONDS
 from llmtrain.render.rbac import render_reporter_rbac
@@ -101,6 +102,14 @@ def test_children_with_claim_and_with_created_pvc() -> None:
     }
     volumes = {v["name"]: v for v in pods(objs["RayJob"])[1]["volumes"]}
     assert volumes["shared-storage"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    # A claim of the user's own: mounted as it is, none created.
+    claimed = _by_kind(render(_job(with_path(minimal_job(), "spec.storage", {"claimName": "corpus"}))))
+    assert "PersistentVolumeClaim" not in claimed
+    for pod in pods(claimed["RayJob"]):
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["shared-storage"]["persistentVolumeClaim"] == {"claimName": "corpus"}
+    # Ray's autoscaler stays off: the workers are the spec's, started together and never scaled.
+    assert objs["RayJob"]["spec"]["rayClusterSpec"]["enableInTreeAutoscaling"] is False
 
 
 def test_a_created_claim_outlives_the_job_unless_reclaim_is_delete() -> None:
@@ -130,6 +139,19 @@ def _stored(doc: dict[str, Any], uid: str) -> LLMTrainingJob:
 def _rendered_config(job: LLMTrainingJob) -> TrainerConfig:
     raw = _by_kind(render(job))["ConfigMap"]["data"][CONFIG_FILENAME]
     return TrainerConfig.model_validate(json.loads(raw), by_alias=True, by_name=False)
+
+
+def test_configmap_is_immutable_readable_json_without_nulls() -> None:
+    """Immutable, so the config a running job trains with never changes under it; labelled as the
+    trainer's config; its JSON indented by two for `kubectl get -o yaml` and without the unset
+    fields (a null is no value the trainer could use)."""
+    configmap = _by_kind(render(_job(minimal_job())))["ConfigMap"]
+    assert configmap["immutable"] is True
+    assert configmap["metadata"]["labels"]["app.kubernetes.io/component"] == "trainer-config"
+    text = configmap["data"][CONFIG_FILENAME]
+    assert "null" not in text
+    second = text.splitlines()[1]
+    assert second.startswith('  "') and not second.startswith('   "')
 
 
 def test_configmap_holds_a_parseable_trainer_config_with_deterministic_run() -> None:
@@ -181,6 +203,9 @@ def test_trainer_identity_is_the_jobs_own_service_account() -> None:
 def test_the_namespace_reporter_role_grants_status_patch_to_its_service_accounts() -> None:
     role, binding = render_reporter_rbac("team-a")
     assert role["metadata"]["name"] == binding["metadata"]["name"] == REPORTER_NAME
+    for obj in (role, binding):
+        assert obj["metadata"]["labels"]["app.kubernetes.io/component"] == "reporter"
+        assert obj["metadata"]["labels"][MANAGED_BY_LABEL] == OPERATOR_NAME
     assert role["rules"] == [
         {"apiGroups": ["llmtrain.dev"], "resources": ["llmtrainingjobs/status"], "verbs": ["patch"]}
     ]
@@ -245,6 +270,12 @@ def test_head_and_submitter_follow_the_workers_node_selector_and_tolerate_its_gp
     del doc["spec"]["resources"]["nodeSelector"]
     head = rayjob(doc)["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
     assert gpu_taint not in head.get("tolerations", [])
+    # Nor on a CPU job sent to a pool: it has no GPU taint to tolerate.
+    cpu = with_path(_gpu_job(), "spec.resources.gpusPerWorker", 0)
+    del cpu["spec"]["resources"]["acceleratorType"]
+    cpu["spec"]["network"] = {"ncclProfile": "auto"}
+    head = rayjob(cpu)["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert head["nodeSelector"] == {"pool": "training"} and gpu_taint not in head["tolerations"]
 
 
 def test_custom_gpu_resource_and_label_key() -> None:
@@ -514,6 +545,27 @@ def test_long_names_stay_within_47_and_distinct() -> None:
     assert child_name(name, "config") == child_name(name, "config")
 
 
+def test_child_names_are_the_job_name_and_suffix_up_to_47_then_hashed() -> None:
+    """The operator adopts its children by these names and the chart's policy recomputes them: each
+    is `<job>-<suffix>` while that fits in 47 characters, else the job name cut at a dash-free end,
+    the first five hex digits of the full name's SHA-256, and the suffix."""
+    assert [f("llama") for f in (rayjob_name, configmap_name, pvc_name, trainer_account_name)] == [
+        "llama",
+        "llama-config",
+        "llama-storage",
+        "llama-trainer",
+    ]
+    fits = "a" * (MAX_NAME_LENGTH - len("-config"))
+    assert configmap_name(fits) == f"{fits}-config"
+    # Cut at 47 - len("-12345-config") = 34 characters: the 34th is a dash, which goes.
+    long = "a" * 33 + "-" + "b" * 20
+    digest = hashlib.sha256(f"{long}-config".encode()).hexdigest()[:5]
+    assert configmap_name(long) == f"{'a' * 33}-{digest}-config"
+    # Without a suffix, the cut is at 47 - len("-12345") = 41.
+    long = "a" * 40 + "-" + "b" * 10
+    assert rayjob_name(long) == "a" * 40 + f"-{hashlib.sha256(long.encode()).hexdigest()[:5]}"
+
+
 def test_render_is_pure() -> None:
     doc = _gpu_job()
     before = copy.deepcopy(doc)
@@ -675,6 +727,104 @@ def test_fabric_profiles_have_nccl_log_its_transport_to_a_file_per_process() -> 
     assert env["NCCL_NET_PLUGIN"] == "ofi"  # the image's libnccl-net-ofi.so
 
 
+def test_nccl_debug_is_the_chosen_level_and_info_keeps_ncclss_own_subsystems() -> None:
+    """The level the user chose reaches NCCL_DEBUG on every profile; on a fabric one, INFO itself
+    counts as "INFO or more" (no subsystem selection added), and no other debug variable appears."""
+
+    def env(network: dict[str, Any]) -> dict[str, Any]:
+        return {k: v.get("value") for k, v in env_of(pods(rayjob(_gpu_job(network=network)))[1]).items()}
+
+    assert env({"ncclProfile": "nvlink", "ncclDebug": "TRACE"})["NCCL_DEBUG"] == "TRACE"
+    for level in ("INFO", "TRACE"):
+        chosen = env({"ncclProfile": "infiniband", "ncclDebug": level})
+        debug = {k: v for k, v in chosen.items() if "debug" in k.lower()}
+        assert debug == {"NCCL_DEBUG": level, "NCCL_DEBUG_FILE": "/tmp/llmtrain-nccl.%h.%p.log"}
+
+
+def test_one_gpu_per_worker_is_a_gpu_worker_with_its_fabric_device() -> None:
+    """One GPU a worker is enough for the NCCL settings and, on a fabric profile, the device."""
+    doc = with_path(_gpu_job(), "spec.resources.gpusPerWorker", 1)
+    worker = _worker_container(doc)
+    env = {e["name"]: e for e in worker["env"]}
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"]["value"] == "1"
+    assert "NCCL_IB_HCA" in env or "NCCL_DEBUG_FILE" in env
+    assert worker["resources"]["limits"]["rdma/rdma_shared_device_a"] == "1"
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    head = pods(rayjob(doc))[0]
+    gpu_taint = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    assert gpu_taint in head["tolerations"]  # the pool's taint, as for eight GPUs a worker
+    mounts = {m["name"]: m for m in worker["volumeMounts"]}
+    assert mounts["trainer-config"]["readOnly"] is True  # the config the job trains with
+
+
+def test_a_user_variable_without_a_value_is_set_empty() -> None:
+    network = {"env": [{"name": "EMPTY"}, {"name": "BLANK", "value": ""}]}
+    env = {e["name"]: e for e in _worker_container(_gpu_job(network=network))["env"]}
+    assert env["EMPTY"] == {"name": "EMPTY", "value": ""}
+    assert env["BLANK"] == {"name": "BLANK", "value": ""}
+
+
+def test_every_ray_container_knows_its_job_and_prints_unbuffered() -> None:
+    """The job's name and namespace for the user's code, the uid the trainer waits to see in its
+    mounted config (llmtrain_trainer.config.JOB_UID_ENV), and Python's output unbuffered so that
+    the job's log follows the training."""
+    for pod in pods(_by_kind(render(_stored(_gpu_job(), "uid-7")))["RayJob"]):
+        env = env_of(pod)
+        assert env["LLMTRAIN_JOB_NAME"] == {"name": "LLMTRAIN_JOB_NAME", "value": "llama"}
+        assert env["LLMTRAIN_JOB_NAMESPACE"] == {"name": "LLMTRAIN_JOB_NAMESPACE", "value": "team-a"}
+        assert env["LLMTRAIN_JOB_UID"] == {"name": "LLMTRAIN_JOB_UID", "value": "uid-7"}
+        assert env["PYTHONUNBUFFERED"] == {"name": "PYTHONUNBUFFERED", "value": "1"}
+    assert "LLMTRAIN_JOB_UID" not in env_of(pods(rayjob(_gpu_job()))[0])  # not stored yet: no uid
+
+
+def test_the_ray_containers_are_ray_head_with_named_ports_and_ray_worker() -> None:
+    """`kubectl logs -c ray-head` (or ray-worker) and a port-forward by port name reach them."""
+    head, worker = pods(rayjob(_gpu_job()))
+    assert [c["name"] for c in worker["containers"]] == ["ray-worker"]
+    (container,) = head["containers"]
+    assert container["name"] == "ray-head"
+    assert container["ports"] == [
+        {"name": "gcs", "containerPort": 6379},
+        {"name": "dashboard", "containerPort": 8265},
+        {"name": "client", "containerPort": 10001},
+    ]
+
+
+def test_the_submitter_runs_once_small_and_bounded() -> None:
+    """KubeRay's submitter Job retries by its backoff limit, not by restarting the container in
+    place; its one container only submits and follows the job, so its requests stay small and its
+    limits bound it on a shared node."""
+    spec = rayjob(_gpu_job())["spec"]["submitterPodTemplate"]["spec"]
+    assert spec["restartPolicy"] == "Never"
+    (container,) = spec["containers"]
+    assert container["name"] == "ray-job-submitter"
+    assert container["resources"] == {
+        "requests": {"cpu": "200m", "memory": "256Mi"},
+        "limits": {"cpu": "1", "memory": "1Gi"},
+    }
+
+
+def test_the_config_volume_is_the_rendered_configmap() -> None:
+    objects = _by_kind(render(_job(_gpu_job())))
+    for pod in pods(objects["RayJob"]):
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["trainer-config"]["configMap"] == {"name": objects["ConfigMap"]["metadata"]["name"]}
+
+
+def test_each_child_names_its_component() -> None:
+    """`kubectl get -l app.kubernetes.io/component=training` finds a job's RayJob, and so on."""
+    created = with_path(minimal_job(), "spec.storage", {"create": {"size": "1Gi"}})
+    components = {
+        o["kind"]: o["metadata"]["labels"]["app.kubernetes.io/component"] for o in render(_job(created))
+    }
+    assert components == {
+        "ServiceAccount": "trainer-identity",
+        "PersistentVolumeClaim": "storage",
+        "ConfigMap": "trainer-config",
+        "RayJob": "training",
+    }
+
+
 def test_the_trainer_config_carries_the_network_for_the_start_up_check() -> None:
     doc = _gpu_job(network={"ncclProfile": "efa", "fabric": {"onSocketFallback": "warn"}})
     config = cluster_trainer_config(_job(doc))
@@ -701,9 +851,33 @@ def test_every_run_takes_the_specs_count_of_training_processes(
         gpus > 0,
     )
     local = local_trainer_config(job, tmp_path, tmp_path, use_gpu=True).scaling
-    assert (local.num_workers, local.devices_per_worker) == (processes, per_pod)
+    assert (local.num_workers, local.devices_per_worker, local.use_gpu) == (processes, per_pod, True)
     on_cpu = local_trainer_config(job, tmp_path, tmp_path, use_gpu=False).scaling
     assert (on_cpu.num_workers, on_cpu.devices_per_worker, on_cpu.use_gpu) == (workers, 1, False)
+
+
+def test_a_local_run_by_default_is_on_the_cpu_beside_the_job_file(tmp_path: Path) -> None:
+    """`llmtrain run` without --gpu: one CPU process per worker pod, one core each, the run named
+    "local" unless the caller names it, and relative data paths under the job file's folder."""
+    from llmtrain.render.trainer_config import local_trainer_config
+
+    job = _job(_gpu_job(dataset={"path": "data/train.txt"}))
+    config = local_trainer_config(job, tmp_path / "jobs", tmp_path / "runs")
+    assert (config.scaling.use_gpu, config.scaling.cpus_per_worker) == (False, 1.0)
+    assert config.run_name == "local"
+    assert not config.progress.report_to_kubernetes  # no job object to report to
+    assert config.dataset.path == str((tmp_path / "jobs" / "data" / "train.txt").resolve())
+    assert config.paths_base == str((tmp_path / "jobs").resolve())
+    assert local_trainer_config(job, tmp_path, tmp_path, local_run_id="sweep-3").run_name == "sweep-3"
+
+
+def test_the_cluster_config_reports_progress_at_the_given_interval() -> None:
+    config = cluster_trainer_config(_job(_gpu_job()), progress_interval_seconds=7.5)
+    assert config.progress.report_to_kubernetes and config.progress.interval_seconds == 7.5
+    # The e2e tier finds a run's files under run_storage_path: where the config sends them.
+    from llmtrain.render.trainer_config import run_storage_path
+
+    assert config.storage_path == run_storage_path(_job(_gpu_job())) == "/mnt/llmtrain/runs/team-a/llama"
 
 
 def _ray_version_of(doc: dict[str, Any], images: ImageSettings | None = None) -> tuple[str, set[str]]:
@@ -827,6 +1001,33 @@ def test_gcs_and_azure_credentials_reach_head_and_workers_as_secret_references()
     assert config.checkpoint.export_to == "az://models/tiny"
     assert config.object_storage is not None and config.object_storage.azure is not None
     assert config.object_storage.azure.account_name == "llmtrainstore"
+
+
+def test_the_trainer_config_carries_the_failure_budget_timeout_and_method() -> None:
+    doc = _gpu_job(
+        runPolicy={"maxWorkerFailures": 7}, network={"collectiveTimeoutSeconds": 900}, method={"type": "lora"}
+    )
+    config = _rendered_config(_stored(doc, "uid-1"))
+    assert (config.max_worker_failures, config.collective_timeout_seconds) == (7, 900)
+    assert config.method.type == "lora"
+    assert (config.job.name, config.job.namespace) == ("llama", "team-a")
+
+
+def test_a_model_path_resolves_on_the_shared_storage_and_a_hub_id_stays() -> None:
+    """model.name: a path (more than one slash, or leading . or /) is a checkpoint on the shared
+    storage, relative to storage.mountPath; org/model is a hub id, passed as it is."""
+
+    def model_name(name: str) -> str | None:
+        model = {"name": name, "hfTokenSecretRef": {"name": "hf", "key": "token"}}
+        return _rendered_config(_stored(_gpu_job(model=model), "uid-1")).model.name
+
+    assert model_name("models/llama/final") == "/mnt/llmtrain/models/llama/final"
+    assert model_name("/weights/llama") == "/weights/llama"
+    assert model_name("final/") == "/mnt/llmtrain/final"
+    assert model_name("./final") == "/mnt/llmtrain/final"
+    assert model_name("meta-llama/Meta-Llama-3-8B") == "meta-llama/Meta-Llama-3-8B"
+    # The trainer tries a hub-id-looking name as a folder under paths_base first (weights.py).
+    assert _rendered_config(_stored(_gpu_job(), "uid-1")).paths_base == "/mnt/llmtrain"
 
 
 def test_a_relative_validation_path_lies_on_the_shared_storage_and_a_uri_stays_a_uri() -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+import torch
 from datasets import Dataset
 from llmtrain.api.spec import DatasetSpec
 from llmtrain_trainer import data
@@ -241,3 +243,207 @@ def test_tiny_stories_match_their_generator() -> None:
     spec.loader.exec_module(module)
     assert TINY_STORIES.read_text(encoding="utf-8") == module.generate()
     assert TINY_STORIES.stat().st_size < 300_000
+
+
+def test_a_hub_dataset_loads_its_split_with_the_hf_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A private dataset needs the Secret's HF_TOKEN; an empty or absent one is no token at all."""
+    calls: list[tuple[tuple[object, ...], dict[str, object]]] = []
+
+    def load(*args: object, **kwargs: object) -> Dataset:
+        calls.append((args, kwargs))
+        return Dataset.from_dict({"text": ["a"]})
+
+    monkeypatch.setattr(data, "load_dataset", load)
+    spec = DatasetSpec.model_validate({"name": "org/set", "split": "train[:10]"})
+    for token in ("hf_secret", "", None):
+        if token is None:
+            monkeypatch.delenv("HF_TOKEN", raising=False)
+        else:
+            monkeypatch.setenv("HF_TOKEN", token)
+        data.load_records(spec)
+    assert calls == [
+        (("org/set",), {"split": "train[:10]", "token": "hf_secret"}),
+        (("org/set",), {"split": "train[:10]", "token": None}),
+        (("org/set",), {"split": "train[:10]", "token": None}),
+    ]
+    monkeypatch.setattr(data, "load_dataset", lambda *a, **k: {"train": Dataset.from_dict({"text": ["a"]})})
+    with pytest.raises(DataError, match=r"^dataset 'org/set' did not load as a single split$"):
+        data.load_records(spec)
+
+
+def test_a_text_file_is_one_record_per_paragraph_with_its_line_breaks(tmp_path: Path) -> None:
+    (tmp_path / "book.txt").write_text("Once upon\na time.\n\nThe end.\n")
+    records = data.load_records(DatasetSpec.model_validate({"path": str(tmp_path / "book.txt")}))
+    assert [r["text"].strip() for r in records] == ["Once upon\na time.", "The end."]
+
+
+def test_shards_are_whole_record_batches_spread_evenly_and_never_empty(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each process tokenises whole record batches (packing works per batch); the first ones take
+    one more batch when they do not divide evenly; no process gets an empty range."""
+    monkeypatch.setattr(data, "_PACK_BATCH_RECORDS", 10)
+    assert data._shard_bounds(60, 4) == [(0, 20), (20, 40), (40, 50), (50, 60)]
+    assert data._shard_bounds(65, 4) == [(0, 20), (20, 40), (40, 60), (60, 65)]
+    assert data._shard_bounds(10, 2) == [(0, 10)]
+    assert data._shard_bounds(0, 2) == [(0, 0)]
+
+
+def test_record_helpers_on_edge_cases() -> None:
+    assert list(data._records({})) == []
+    assert list(data._records({"a": [1, 2], "b": [3, 4]})) == [{"a": 1, "b": 3}, {"a": 2, "b": 4}]
+    no_eos = byte_level_tokenizer()
+    no_eos.eos_token = None
+    assert data._eos(no_eos) == []
+    with pytest.raises(
+        DataError, match=r"^record has no field 'prompt' \(the question\); fields are \['a', 'b'\]$"
+    ):
+        data._require_field({"b": 1, "a": 2}, "prompt", "the question")
+
+
+@pytest.mark.parametrize(
+    ("fields", "record", "named"),
+    [
+        ({"format": "instruction"}, {"response": "r"}, "'prompt' (dataset.promptField)"),
+        ({"format": "instruction"}, {"prompt": "p"}, "'response' (dataset.responseField)"),
+        ({"format": "chat"}, {"text": "t"}, "'messages' (dataset.messagesField)"),
+    ],
+)
+def test_a_record_without_its_field_names_the_spec_field_to_set(
+    fields: dict[str, str], record: dict[str, str], named: str
+) -> None:
+    spec = DatasetSpec.model_validate({"path": "x", **fields})
+    batch = {key: [value] for key, value in record.items()}
+    with pytest.raises(DataError, match=re.escape(f"record has no field {named}")):
+        data._supervised_batch(batch, byte_level_tokenizer(), spec)
+
+
+def test_the_data_position_round_trips_through_the_checkpoint() -> None:
+    position = DataPosition(epoch=2, offset=5)
+    assert position.to_dict() == {"epoch": 2, "offset": 5}
+    assert DataPosition.from_dict({"epoch": "2", "offset": 5}) == position
+
+
+def test_a_validation_file_is_a_dataset_of_its_own_with_the_same_encoding() -> None:
+    spec = DatasetSpec.model_validate(
+        {"path": "train.jsonl", "validationPath": "val.jsonl", "format": "instruction", "maxSeqLength": 32}
+    )
+    held_out = data.validation_spec(spec)
+    assert (held_out.path, held_out.validation_path, held_out.name) == ("val.jsonl", None, None)
+    assert (held_out.format, held_out.max_seq_length) == ("instruction", 32)
+
+
+def test_each_epoch_visits_the_samples_in_its_seeded_order() -> None:
+    """Epoch e is randperm(n, seed + e), cut in global batches of micro_batch x world; the tail
+    that makes no whole global batch waits for no one (22 rows: 5 batches of 4, 2 rows dropped)."""
+    dataset = Dataset.from_dict({"input_ids": [[i] for i in range(22)], "labels": [[i] for i in range(22)]})
+
+    def order(epoch: int) -> list[int]:
+        return torch.randperm(22, generator=torch.Generator().manual_seed(5 + epoch)).tolist()
+
+    seen, position = _walk(dataset, world=2, batches=8)
+    assert seen == order(0)[:20] + order(1)[:12]
+    assert position == DataPosition(1, 12)
+    # Resumed in epoch 1 (a fresh iterator), and from an offset inside a global batch (another
+    # world size saved it): rounded down to the batch, so samples repeat rather than being skipped.
+    resumed, _ = _walk(dataset, world=2, batches=1, position=DataPosition(1, 6))
+    assert resumed == order(1)[4:8]
+
+
+def test_a_batch_is_padded_with_the_pad_id_to_a_multiple_of_8_and_one_batch_is_enough() -> None:
+    dataset = Dataset.from_dict({"input_ids": [[i] for i in range(4)], "labels": [[i] for i in range(4)]})
+    batch = DistributedBatches(dataset, 2, 0, 2, 5, 99).next_batch()
+    assert batch["input_ids"].shape == (2, 8)
+    assert batch["input_ids"][:, 1:].eq(99).all() and batch["labels"][:, 1:].eq(IGNORE_INDEX).all()
+    with pytest.raises(DataError, match="the dataset has 4 sequences, fewer than one global micro-batch"):
+        DistributedBatches(dataset, 3, 0, 2, 5, 99)
+
+
+def test_a_data_folder_takes_one_type_of_visible_data_files(tmp_path: Path) -> None:
+    """Hidden files (an editor's .swp, a .DS_Store) and other suffixes are not data; no file left,
+    or two types mixed, is an error that names the setting and the folder."""
+    folder = tmp_path / "corpus"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "b.jsonl").write_text("{}\n")
+    (folder / "sub" / "a.jsonl").write_text("{}\n")
+    (folder / ".hidden.jsonl").write_text("{}\n")
+    (folder / "notes.md").write_text("x")
+    assert data.data_files(folder) == ("json", [str(folder / "b.jsonl"), str(folder / "sub" / "a.jsonl")])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "readme.md").write_text("x")
+    with pytest.raises(DataError, match=re.escape(f"dataset.validationPath {str(empty)!r} holds no .jsonl")):
+        data.data_files(empty, "dataset.validationPath")
+    (folder / "c.parquet").write_bytes(b"")
+    (folder / "d.txt").write_text("x")
+    with pytest.raises(
+        DataError,
+        match=re.escape(f"dataset.path {str(folder)!r} mixes file types ['json', 'parquet', 'text']"),
+    ):
+        data.data_files(folder)
+
+
+def test_small_datasets_tokenise_in_one_process_large_ones_in_one_per_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(data, "_PACK_BATCH_RECORDS", 10)
+    assert [data.tokenize_processes(n, 4) for n in (0, 1, 10, 11, 25, 1000)] == [1, 1, 1, 2, 3, 4]
+
+
+def test_pack_keeps_only_whole_sequences() -> None:
+    assert pack([[1, 2, 3], [4, 5]], 2) == [[1, 2], [3, 4]]
+    assert pack([[1, 2, 3], [4]], 2) == [[1, 2], [3, 4]]
+    assert pack([[1]], 2) == []
+
+
+def test_the_tokenised_data_cache_lies_beside_the_datasets_cache() -> None:
+    import datasets
+
+    assert data.default_cache_root() == Path(datasets.config.HF_DATASETS_CACHE) / "llmtrain-tokenized"
+
+
+def test_the_validation_split_is_a_seeded_shuffle_down_to_two_sequences(tmp_path: Path) -> None:
+    """The held-out rows are drawn at random with the run's seed (the same on every rank and every
+    restart, else training rows would leak into validation), and two sequences still split."""
+    tokenizer = byte_level_tokenizer()
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(f"story {i} " * 6 for i in range(40)))
+    spec = DatasetSpec(path=str(corpus), max_seq_length=16, validation_split=0.25, packing=False)
+
+    def held_out(seed: int) -> list[list[int]]:
+        built = build_sequences(spec, tokenizer, seed=seed, cache_root=tmp_path / "cache")
+        assert built.validation is not None
+        return list(built.validation["input_ids"])
+
+    first = held_out(3)
+    assert held_out(3) == first
+    rows = list(
+        build_sequences(
+            spec.model_copy(update={"validation_split": 0.0}),
+            tokenizer,
+            seed=3,
+            cache_root=tmp_path / "cache",
+        ).train["input_ids"]
+    )
+    assert first != rows[-len(first) :], "the last rows, not a shuffled draw"
+    two = tmp_path / "two.txt"
+    two.write_text("a\n\nb")
+    pair = build_sequences(
+        DatasetSpec(path=str(two), max_seq_length=16, validation_split=0.5, packing=False),
+        tokenizer,
+        seed=0,
+        cache_root=tmp_path / "cache",
+    )
+    assert pair.validation is not None and (len(pair.train), len(pair.validation)) == (1, 1)
+    assert not pair.fixed_label_count  # unpacked rows: each its own count of labels
+
+
+def test_two_shards_give_the_one_process_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both shards are read back, in order (three are in test_tokenize_cache)."""
+    monkeypatch.setattr(data, "_PACK_BATCH_RECORDS", 4)
+    records = Dataset.from_dict({"text": [f"document {i} " * (i % 3 + 1) for i in range(8)]})
+    spec = DatasetSpec.model_validate({"path": "x", "maxSeqLength": 16, "packing": False})
+    one = tokenize(records, byte_level_tokenizer(), spec, procs=1)
+    two = tokenize(records, byte_level_tokenizer(), spec, procs=2)
+    assert len(two.cache_files) == 2
+    assert two.to_dict() == one.to_dict()
