@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import datasets
 import pytest
 import torch
 from datasets import Dataset
@@ -253,7 +254,7 @@ def test_a_hub_dataset_loads_its_split_with_the_hf_token(monkeypatch: pytest.Mon
         calls.append((args, kwargs))
         return Dataset.from_dict({"text": ["a"]})
 
-    monkeypatch.setattr(data, "load_dataset", load)
+    monkeypatch.setattr(datasets, "load_dataset", load)
     spec = DatasetSpec.model_validate({"name": "org/set", "split": "train[:10]"})
     for token in ("hf_secret", "", None):
         if token is None:
@@ -266,7 +267,9 @@ def test_a_hub_dataset_loads_its_split_with_the_hf_token(monkeypatch: pytest.Mon
         (("org/set",), {"split": "train[:10]", "token": None}),
         (("org/set",), {"split": "train[:10]", "token": None}),
     ]
-    monkeypatch.setattr(data, "load_dataset", lambda *a, **k: {"train": Dataset.from_dict({"text": ["a"]})})
+    monkeypatch.setattr(
+        datasets, "load_dataset", lambda *a, **k: {"train": Dataset.from_dict({"text": ["a"]})}
+    )
     with pytest.raises(DataError, match=r"^dataset 'org/set' did not load as a single split$"):
         data.load_records(spec)
 
