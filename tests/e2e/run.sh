@@ -142,23 +142,29 @@ choose_mode() {
   MODE=local
 }
 
+# require_tools WHAT HOW TOOL...: fail naming the missing tools and how to get them; in a dry run
+# only note them and return 1 (the caller's preflight ends there).
+require_tools() {
+  local what=$1 how=$2 missing=() tool
+  shift 2
+  for tool in "$@"; do
+    command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
+  done
+  ((${#missing[@]})) || return 0
+  if ((DRY_RUN)); then
+    printf '# note: not installed here: %s (a real run needs them)\n' "${missing[*]}"
+    return 1
+  fi
+  fail "$what ${missing[*]} ($how)"
+}
+
 preflight() {
   if [[ "$MODE" == local ]]; then
     preflight_local
     return 0
   fi
-  local missing=()
-  local tool
-  for tool in docker kind helm kubectl "$(llmtrain_bin)"; do
-    command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
-  done
-  if ((${#missing[@]})); then
-    if ((DRY_RUN)); then
-      printf '# note: not installed here: %s (a real run needs them)\n' "${missing[*]}"
-      return 0
-    fi
-    fail "missing tools: ${missing[*]} (install docker, kind, helm and kubectl; make install for llmtrain)"
-  fi
+  require_tools "missing tools:" "install docker, kind, helm and kubectl; make install for llmtrain" \
+    docker kind helm kubectl "$(llmtrain_bin)" || return 0
   ((DRY_RUN)) && return 0
   docker info >/dev/null 2>&1 || fail "docker is installed but its daemon is not reachable"
   if kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
@@ -167,18 +173,8 @@ preflight() {
 }
 
 preflight_local() {
-  local missing=()
-  local tool
-  for tool in podman buildah mmdebstrap go ip nsenter "$PYTHON" "$(llmtrain_bin)"; do
-    command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
-  done
-  if ((${#missing[@]})); then
-    if ((DRY_RUN)); then
-      printf '# note: not installed here: %s (a real run needs them)\n' "${missing[*]}"
-      return 0
-    fi
-    fail "local mode: missing ${missing[*]} (podman and buildah: apt-get install; make install for the venv)"
-  fi
+  require_tools "local mode: missing" "podman and buildah: apt-get install; make install for the venv" \
+    podman buildah mmdebstrap go ip nsenter "$PYTHON" "$(llmtrain_bin)" || return 0
   ((DRY_RUN)) || ((EUID == 0)) || fail "local mode runs as root (network namespaces, Podman's storage)"
 }
 

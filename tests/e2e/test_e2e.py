@@ -168,6 +168,15 @@ def dry_run(tmp_path_factory: pytest.TempPathFactory) -> str:
     return result.stdout
 
 
+def assert_printed_in_order(printed: list[str], patterns: list[str]) -> None:
+    """Each pattern matches a printed line after the line the previous one matched."""
+    position = 0
+    for pattern in patterns:
+        index = next((i for i in range(position, len(printed)) if re.search(pattern, printed[i])), None)
+        assert index is not None, f"not printed (after step {position}): {pattern}\n" + "\n".join(printed)
+        position = index + 1
+
+
 def commands(output: str) -> list[str]:
     return [line[2:] for line in output.splitlines() if line.startswith("+ ")]
 
@@ -205,11 +214,7 @@ def test_dry_run_prints_every_step_in_order(dry_run: str) -> None:
         rf"^kubectl {context} -n llmtrain-e2e delete llmtrainingjob tiny-cpu --wait=true",
         r"^kind delete cluster --name llmtrain-e2e$",
     ]
-    position = 0
-    for pattern in expected_in_order:
-        index = next((i for i in range(position, len(printed)) if re.search(pattern, printed[i])), None)
-        assert index is not None, f"not printed (after step {position}): {pattern}\n" + "\n".join(printed)
-        position = index + 1
+    assert_printed_in_order(printed, expected_in_order)
 
 
 def test_dry_run_only_talks_to_the_kind_cluster(dry_run: str) -> None:
@@ -314,11 +319,7 @@ def test_local_dry_run_prints_every_step_in_order(local_dry_run: str) -> None:
         rf"^kubectl {context} -n llmtrain-e2e delete llmtrainingjob tiny-cpu --wait=true",
         r"^env LLMTRAIN_KIND_CLUSTER=llmtrain-e2e hack/kind_local\.sh down$",
     ]
-    position = 0
-    for pattern in expected_in_order:
-        index = next((i for i in range(position, len(printed)) if re.search(pattern, printed[i])), None)
-        assert index is not None, f"not printed (after step {position}): {pattern}\n" + "\n".join(printed)
-        position = index + 1
+    assert_printed_in_order(printed, expected_in_order)
 
 
 def test_local_dry_run_needs_neither_docker_nor_the_internet(local_dry_run: str) -> None:
