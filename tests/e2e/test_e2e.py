@@ -142,17 +142,20 @@ def test_script_is_executable_bash() -> None:
     assert "set -euo pipefail" in SCRIPT.read_text()
 
 
-@pytest.fixture(scope="module")
-def dry_run(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """run.sh --dry-run with every tool replaced by a stub that records being called."""
-    stubs = tmp_path_factory.mktemp("stubs")
+def stubbed_dry_run(stubs: Path, tools: tuple[str, ...], extra_env: dict[str, str]) -> str:
+    """run.sh --dry-run with `tools` replaced by stubs in `stubs` that record being called (an
+    `extra_env` value naming a stub becomes its path); fails if the script ran any of them."""
     calls = stubs / "calls.log"
-    for tool in (*TOOLS, "llmtrain"):
+    for tool in tools:
         stub = stubs / tool
         stub.write_text(f'#!/bin/sh\necho "{tool} $*" >> "{calls}"\nexit 97\n')
         stub.chmod(0o755)
-    path = f"{stubs}{os.pathsep}{os.environ['PATH']}"
-    env = {**os.environ, "PATH": path, "LLMTRAIN": str(stubs / "llmtrain")}
+    env = {
+        **os.environ,
+        "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}",
+        "LLMTRAIN": str(stubs / "llmtrain"),
+        **{key: str(stubs / value) if value in tools else value for key, value in extra_env.items()},
+    }
     result = subprocess.run(
         ["bash", str(SCRIPT), "--dry-run"],
         cwd=E2E_DIR,  # the script must find the repository by itself
@@ -166,6 +169,12 @@ def dry_run(tmp_path_factory: pytest.TempPathFactory) -> str:
     assert result.returncode == 0, result.stdout
     assert not calls.exists(), f"--dry-run ran commands: {calls.read_text()}"
     return result.stdout
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """run.sh --dry-run with every tool replaced by a stub that records being called."""
+    return stubbed_dry_run(tmp_path_factory.mktemp("stubs"), (*TOOLS, "llmtrain"), {})
 
 
 def assert_printed_in_order(printed: list[str], patterns: list[str]) -> None:
@@ -260,32 +269,11 @@ def test_dry_run_says_it_is_one(dry_run: str) -> None:
 def local_dry_run(tmp_path_factory: pytest.TempPathFactory) -> str:
     """run.sh --dry-run in local mode (no Docker: kind on Podman in a network namespace), every
     tool replaced by a stub that records being called."""
-    stubs = tmp_path_factory.mktemp("local-stubs")
-    calls = stubs / "calls.log"
-    for tool in (*TOOLS, *LOCAL_TOOLS, "llmtrain", "python"):
-        stub = stubs / tool
-        stub.write_text(f'#!/bin/sh\necho "{tool} $*" >> "{calls}"\nexit 97\n')
-        stub.chmod(0o755)
-    env = {
-        **os.environ,
-        "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}",
-        "LLMTRAIN": str(stubs / "llmtrain"),
-        "PYTHON": str(stubs / "python"),
-        "LLMTRAIN_E2E_MODE": "local",
-    }
-    result = subprocess.run(
-        ["bash", str(SCRIPT), "--dry-run"],
-        cwd=E2E_DIR,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        check=False,
-        timeout=60,
+    return stubbed_dry_run(
+        tmp_path_factory.mktemp("local-stubs"),
+        (*TOOLS, *LOCAL_TOOLS, "llmtrain", "python"),
+        {"PYTHON": "python", "LLMTRAIN_E2E_MODE": "local"},
     )
-    assert result.returncode == 0, result.stdout
-    assert not calls.exists(), f"--dry-run ran commands: {calls.read_text()}"
-    return result.stdout
 
 
 def test_local_dry_run_prints_every_step_in_order(local_dry_run: str) -> None:
