@@ -34,6 +34,10 @@ from llmtrain_trainer.rundir import CHECKPOINT_PREFIX
 
 from tests.chart.helm import KUBE_VERSIONS, ROOT
 from tests.chart.security import restricted_violations
+from tests.support import builds
+
+sys.path.insert(0, str(ROOT / "hack" / "tools"))
+import build_tools
 
 E2E_DIR = Path(__file__).parent
 SCRIPT = E2E_DIR / "run.sh"
@@ -282,9 +286,7 @@ def test_local_dry_run_prints_every_step_in_order(local_dry_run: str) -> None:
     module's config; then the same steps and checks as with Docker."""
     printed = commands(local_dry_run)
     context = "--context kind-llmtrain-e2e"
-    pinned = re.search(r"^require \S+ (\S+)$", (ROOT / "hack/tools/kuberay/go.mod").read_text(), re.M)
-    assert pinned
-    kuberay = re.escape(f"localhost/kuberay-operator:{pinned.group(1)}")
+    kuberay = re.escape(f"localhost/kuberay-operator:{build_tools.pinned_version('kuberay')}")
     expected_in_order = [
         r"^env LLMTRAIN_KIND_CLUSTER=llmtrain-e2e .*hack/kind_local\.sh ensure$",
         rf"^buildah commit .*{kuberay}$",
@@ -324,17 +326,11 @@ def test_local_dry_run_needs_neither_docker_nor_the_internet(local_dry_run: str)
 def test_the_kuberay_kustomization_renders_the_pinned_module(tmp_path: Path) -> None:
     """What install_kuberay_local applies: KubeRay's own CRDs, RBAC and Deployment in
     kuberay-system, the Deployment running the image made from the project's build."""
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl not installed")
-    module = ROOT / "hack/tools/kuberay"
-    pinned = re.search(r"^require (\S+) (\S+)$", (module / "go.mod").read_text(), re.M)
-    assert pinned
-    source = Path(os.environ.get("GOMODCACHE", Path.home() / "go/pkg/mod")) / (
-        f"{pinned.group(1)}@{pinned.group(2)}"
-    )
-    if not (source / "config").is_dir():
-        pytest.skip(f"KubeRay's module is not in Go's module cache ({source})")
+    # The project's kubectl and KubeRay module, as run.sh's local mode takes them.
+    builds.tools_built()
+    kubectl = str(build_tools.ensure("kubernetes") / "kubectl")
+    version = build_tools.pinned_version("kuberay")
+    source = build_tools.module_dir("kuberay")
     script = SCRIPT.read_text()
     body = script[script.index("write_kustomization() {") :]
     body = body[: body.index("\n}\n") + 3]
@@ -343,7 +339,7 @@ def test_the_kuberay_kustomization_renders_the_pinned_module(tmp_path: Path) -> 
         [
             "bash",
             "-c",
-            f'KUBERAY_IMAGE="localhost/kuberay-operator:{pinned.group(2)}"\n{body}\n'
+            f'KUBERAY_IMAGE="localhost/kuberay-operator:{version}"\n{body}\n'
             f"write_kustomization {shlex.quote(relative)}",
         ],
         capture_output=True,
@@ -360,7 +356,7 @@ def test_the_kuberay_kustomization_renders_the_pinned_module(tmp_path: Path) -> 
     (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
     assert deployment["metadata"]["namespace"] == "kuberay-system"
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    assert container["image"] == f"localhost/kuberay-operator:{pinned.group(2)}"
+    assert container["image"] == f"localhost/kuberay-operator:{version}"
     assert container["command"] == ["/manager"]  # where kuberay_image puts the binary
     bindings = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
     assert bindings and all(s["namespace"] == "kuberay-system" for b in bindings for s in b["subjects"])
