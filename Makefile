@@ -10,9 +10,8 @@ STAMP := $(VENV)/.installed
 # The CPU build is enough for tests and the demo; a GPU machine may set TORCH_SPEC to a CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 DEEPSPEED_SPEC ?= deepspeed==0.19.8
-# The kind e2e run needs docker and a cluster; `make e2e` runs it. Its checks (shellcheck, dry run,
-# manifests) are not marked e2e and stay in `make test`.
-PYTEST_ARGS ?= -m "not e2e"
+# Extra arguments for pytest in `make test` (every tier runs, the kind end-to-end run among them).
+PYTEST_ARGS ?=
 
 .PHONY: help install test test-fast lock lint format generate demo render-example manifests e2e \
         tools images prepare cluster cluster-down mutate bench-operator bench-trainer bench-gpu bench-tokenize clean
@@ -34,21 +33,24 @@ install: $(STAMP) ## create .venv and install llmtrain with every extra
 
 # On a cold machine Go compiles the cluster's binaries for 20-odd minutes (CPU) while the venv, the
 # Node.js tool and the images mostly wait on downloads (PyPI's torch, npm, Debian packages) and the
-# disk: so builds-start starts the Go build and the images first, in the background, as soon as the
-# Debian packages (apt, one at a time) are in and a bare venv can run build_tools.py and images.py
-# (stdlib and operator/ only; `--go` finds or installs go before anything else pips into the venv),
-# and the venv's install and the Node.js tool follow in the foreground (test-ready). Each
-# background step's exit status lands in LOG.rc once its process (LOG.pid) ends. `make test` does
-# not wait for them: its lanes start once the venv is ready, with the logs' paths in
-# LLMTRAIN_TOOLS_LOG and LLMTRAIN_IMAGES_LOG, and a test that needs the binaries or the images
-# waits for that step where it uses them (tests/support/builds.py: the cluster and the test
-# servers for the tools, tests/images and tests/pods for the images), failing with the log's tail
-# if the step failed. After the lanes `make test` awaits both steps anyway, so that a failed build
-# fails it even when no test needed it. `make prepare` awaits both before it returns. A failure
-# (or no status: killed) fails with the log's tail. Warm, every step is a check (about a second).
+# disk: so builds-start starts the Go build, the images and kind's node image (tests/e2e/run.sh
+# --prepare: Debian packages and Go modules, in local mode; nothing with Docker) first, in the
+# background, as soon as the Debian packages (apt, one at a time) are in and a bare venv can run
+# build_tools.py and images.py (stdlib and operator/ only; `--go` finds or installs go before
+# anything else pips into the venv), and the venv's install and the Node.js tool follow in the
+# foreground (test-ready). Each background step's exit status lands in LOG.rc once its process
+# (LOG.pid) ends. `make test` does not wait for them: its lanes start once the venv is ready, with
+# the logs' paths in LLMTRAIN_TOOLS_LOG, LLMTRAIN_IMAGES_LOG and LLMTRAIN_KIND_LOG, and a test that
+# needs what a step builds waits for that step where it uses it (tests/support/builds.py: the
+# cluster and the test servers for the tools, tests/images and tests/pods for the images,
+# tests/e2e/test_kind.py for all three), failing with the log's tail if the step failed. After the
+# lanes `make test` awaits the three steps anyway, so that a failed build fails it even when no
+# test needed it. `make prepare` awaits them before it returns. A failure (or no status: killed)
+# fails with the log's tail. Warm, every step is a check (about a second).
 # The order matters, hence .NOTPARALLEL (make 4.3 has no per-target form).
 TOOLS_LOG ?= $(VENV)/tools-build.log
 IMAGES_LOG ?= $(VENV)/images-build.log
+KIND_LOG ?= $(VENV)/kind-build.log
 # $(call background,LOG,COMMAND) and $(call await,LOG): one line of a recipe each.
 background = rm -f $(1).rc; { $(2); echo $$? >$(1).rc; } >$(1) 2>&1 & echo $$! >$(1).pid
 await = while [ ! -s $(1).rc ] && kill -0 "$$(cat $(1).pid)" 2>/dev/null; do sleep 0.2; done; \
@@ -61,23 +63,26 @@ builds-start:
 	@test -x $(PY) || { $(PYTHON) -m venv $(VENV) && $(PY) -m pip install --quiet -c constraints.txt --upgrade pip wheel setuptools; }
 	PYTHONPATH=operator $(PY) -c 'from hack import images; images.ensure_host_tools()'
 	@$(PY) hack/tools/build_tools.py --go >/dev/null
-	@echo "building the cluster's binaries and the images in the background (logs: $(TOOLS_LOG), $(IMAGES_LOG))"
+	@echo "building the cluster's binaries, the images and kind's node image in the background (logs: $(TOOLS_LOG), $(IMAGES_LOG), $(KIND_LOG))"
 	@$(call background,$(TOOLS_LOG),$(PY) hack/tools/build_tools.py)
 	@$(call background,$(IMAGES_LOG),PYTHONPATH=operator $(PY) hack/images.py)
+	@$(call background,$(KIND_LOG),PATH=$(BIN):$$PATH PYTHON=$(PY) bash tests/e2e/run.sh --prepare)
 
 test-ready: builds-start $(STAMP)
 	$(PY) hack/node_tools/node_tools.py
 
-prepare: test-ready ## build the cluster's binaries (tools) and the images beside the venv's install and the Node.js tool, and wait for them
+prepare: test-ready ## build the cluster's binaries (tools), the images and kind's node image beside the venv's install and the Node.js tool, and wait for them
 	@$(call await,$(IMAGES_LOG)); tail -4 $(IMAGES_LOG)
 	@$(call await,$(TOOLS_LOG)); cat $(TOOLS_LOG)
+	@$(call await,$(KIND_LOG)); tail -2 $(KIND_LOG)
 
-test: test-ready ## run every test tier (unit, real cluster, trainer, chart, e2e checks, real pods), in two lanes
+test: test-ready ## run every test tier (unit, real cluster, trainer, chart, real pods, the kind end-to-end run), in three lanes
 	@LLMTRAIN_TOOLS_LOG=$(abspath $(TOOLS_LOG)) LLMTRAIN_IMAGES_LOG=$(abspath $(IMAGES_LOG)) \
-	  $(PY) hack/run_tests.py $(PYTEST_ARGS); status=$$?; \
+	  LLMTRAIN_KIND_LOG=$(abspath $(KIND_LOG)) $(PY) hack/run_tests.py $(PYTEST_ARGS); status=$$?; \
 	  echo "the background builds:"; \
 	  $(call await,$(IMAGES_LOG)); tail -4 $(IMAGES_LOG); \
 	  $(call await,$(TOOLS_LOG)); cat $(TOOLS_LOG); \
+	  $(call await,$(KIND_LOG)); tail -2 $(KIND_LOG); \
 	  exit $$status
 
 # pytest runs on 2 pytest-xdist workers, --dist worksteal: each starts with a contiguous half of the

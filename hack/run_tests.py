@@ -1,16 +1,19 @@
-"""`make test`: every tier, in two pytest processes side by side.
+"""`make test`: every tier, in three pytest processes side by side.
 
-Most of a tier's time is waiting (controllers converging, pods starting, Ray clusters coming up),
-so on a 2-core CI machine two lanes overlap that waiting: one runs the real cluster tier beside
-the fast tiers (the trainer's unit tests among them), the other the trainer's Ray tests beside the
-real-pod tier, the two lanes about equally long (their clusters, Ray
-instances and ports are independent; each lane has its own pytest session and fixtures). Each
-lane's output goes to a log; a heartbeat line shows they are alive, and each log's summary (the
-whole log when a lane fails) is printed at the end. The exit status fails if either lane does.
+Most of a tier's time is waiting (controllers converging, pods starting, Ray clusters coming up,
+images loading), so on a 2-core CI machine lanes overlap that waiting: one runs the real cluster
+tier beside the fast tiers (the trainer's unit tests among them), one the trainer's Ray tests
+beside the real-pod tier, the two about equally long, and the third the kind end-to-end run
+(tests/e2e/test_kind.py, about 6 minutes, mostly image loading and one training job), which
+would lengthen either of the others by its whole time. Their clusters, Ray instances and ports
+are independent; each lane has its own pytest session and fixtures. Each lane's output goes to a
+log; a heartbeat line shows they are alive, and each log's summary (the whole log when a lane
+fails) is printed at the end. The exit status fails if any lane does.
 
-`make test` starts the lanes while its background builds (the cluster's binaries, the images) may
-still run: a test waits for the build it needs where it uses it (tests/support/builds.py), and
-each lane's log ends with how long its tests waited. Each lane runs its paths in the order given.
+`make test` starts the lanes while its background builds (the cluster's binaries, the images,
+kind's node image) may still run: a test waits for the build it needs where it uses it
+(tests/support/builds.py), and each lane's log ends with how long its tests waited. Each lane
+runs its paths in the order given.
 
     python hack/run_tests.py [PYTEST ARGS...]
 """
@@ -36,6 +39,7 @@ LANES = {
         "tests/images",
     ],
     "trainer+pods": ["tests/trainer/ray", "tests/pods"],
+    "kind": ["tests/e2e/test_kind.py"],
 }
 HEARTBEAT_SECONDS = 120
 

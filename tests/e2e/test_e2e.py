@@ -1,12 +1,9 @@
-"""The kind end-to-end test, and the checks of its scripts and manifests that run everywhere.
+"""The checks of the kind end-to-end run's scripts and manifests, which run everywhere.
 
-`test_kind_end_to_end` runs tests/e2e/run.sh (minutes; it builds images and trains a model) and
-skips, naming what is missing, when docker (with a reachable daemon), kind, helm or kubectl is not
-there and neither is what its local mode needs (root, Podman, buildah, mmdebstrap, go, ip and
-nsenter: it builds kind, helm and kubectl itself). Everything else here needs none of them:
-shellcheck, the --dry-run command lists, the kind config, the storage manifests, and that the
-script runs examples/tiny-cpu.yaml as its header says (the example's own `llmtrain upload` onto the
-claim it names, then the file unchanged).
+test_kind.py runs tests/e2e/run.sh for real (minutes; it trains a model); everything here needs
+neither Docker nor kind: shellcheck, the --dry-run command lists, the kind config, the storage
+manifests, and that the script runs examples/tiny-cpu.yaml as its header says (the example's own
+`llmtrain upload` onto the claim it names, then the file unchanged).
 """
 
 from __future__ import annotations
@@ -34,6 +31,7 @@ from llmtrain_trainer.rundir import CHECKPOINT_PREFIX
 
 from tests.chart.helm import KUBE_VERSIONS, ROOT
 from tests.chart.security import restricted_violations
+from tests.e2e.test_kind import DOCKER_TOOLS, LOCAL_TOOLS
 from tests.support import builds
 
 sys.path.insert(0, str(ROOT / "hack" / "tools"))
@@ -44,9 +42,9 @@ SCRIPT = E2E_DIR / "run.sh"
 SCRIPTS = sorted(E2E_DIR.glob("*.sh"))
 KIND_CONFIG = E2E_DIR / "kind-config.yaml"
 STORAGE = E2E_DIR / "manifests" / "storage.yaml"
+LOADER = E2E_DIR / "manifests" / "loader.yaml"
 EXAMPLE = ROOT / "examples" / "tiny-cpu.yaml"
-TOOLS = ("docker", "kind", "helm", "kubectl")
-LOCAL_TOOLS = ("podman", "buildah", "mmdebstrap", "go", "ip", "nsenter")
+TOOLS = DOCKER_TOOLS
 
 # kind.x-k8s.io/v1alpha4 Cluster (kind's pkg/apis/config/v1alpha4), the fields a config may use;
 # additionalProperties false catches misspelt keys, which kind itself rejects.
@@ -98,34 +96,6 @@ def shellcheck() -> str:
     return found
 
 
-# --- the real thing ---------------------------------------------------------------------------
-
-
-def missing_prerequisites() -> list[str]:
-    """What neither of run.sh's modes has here: Docker with kind, helm and kubectl, or (local mode,
-    as root) Podman, buildah, mmdebstrap, go and the network namespace tools."""
-    missing = [tool for tool in TOOLS if shutil.which(tool) is None]
-    if "docker" not in missing:
-        info = subprocess.run(["docker", "info"], capture_output=True, check=False, timeout=60)
-        if info.returncode != 0:
-            missing.append("a reachable docker daemon")
-    local = [tool for tool in LOCAL_TOOLS if shutil.which(tool) is None]
-    if os.geteuid() != 0:
-        local.append("root")
-    return [] if not missing or not local else [*missing, "or for local mode:", *local]
-
-
-@pytest.mark.e2e
-def test_kind_end_to_end() -> None:
-    missing = missing_prerequisites()
-    if missing:
-        pytest.skip(
-            f"kind end-to-end test needs docker, kind, helm and kubectl; missing: {', '.join(missing)}"
-        )
-    env = {**os.environ, "PYTHON": sys.executable}
-    subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, check=True, timeout=3 * 3600)
-
-
 # --- the scripts ------------------------------------------------------------------------------
 
 
@@ -146,9 +116,11 @@ def test_script_is_executable_bash() -> None:
     assert "set -euo pipefail" in SCRIPT.read_text()
 
 
-def stubbed_dry_run(stubs: Path, tools: tuple[str, ...], extra_env: dict[str, str]) -> str:
-    """run.sh --dry-run with `tools` replaced by stubs in `stubs` that record being called (an
-    `extra_env` value naming a stub becomes its path); fails if the script ran any of them."""
+def stubbed_dry_run(
+    stubs: Path, tools: tuple[str, ...], extra_env: dict[str, str], args: tuple[str, ...] = ()
+) -> str:
+    """run.sh --dry-run `args` with `tools` replaced by stubs in `stubs` that record being called
+    (an `extra_env` value naming a stub becomes its path); fails if the script ran any of them."""
     calls = stubs / "calls.log"
     for tool in tools:
         stub = stubs / tool
@@ -161,7 +133,7 @@ def stubbed_dry_run(stubs: Path, tools: tuple[str, ...], extra_env: dict[str, st
         **{key: str(stubs / value) if value in tools else value for key, value in extra_env.items()},
     }
     result = subprocess.run(
-        ["bash", str(SCRIPT), "--dry-run"],
+        ["bash", str(SCRIPT), "--dry-run", *args],
         cwd=E2E_DIR,  # the script must find the repository by itself
         env=env,
         stdout=subprocess.PIPE,
@@ -225,6 +197,7 @@ def test_dry_run_prints_every_step_in_order(dry_run: str) -> None:
         r"find /mnt/llmtrain/runs/llmtrain-e2e/tiny-cpu/UID/export -type f",
         rf"^kubectl {context} -n llmtrain-e2e get rayjobs -l {re.escape(JOB_LABEL)}=tiny-cpu -o name",
         rf"^kubectl {context} -n llmtrain-e2e delete llmtrainingjob tiny-cpu --wait=true",
+        rf"^kubectl {context} -n llmtrain-e2e apply -f tests/e2e/manifests/loader\.yaml$",
         r"^kind delete cluster --name llmtrain-e2e$",
     ]
     assert_printed_in_order(printed, expected_in_order)
@@ -307,6 +280,7 @@ def test_local_dry_run_prints_every_step_in_order(local_dry_run: str) -> None:
         rf"^kubectl {context} -n llmtrain-e2e apply -f examples/tiny-cpu\.yaml$",
         r"find /mnt/llmtrain/runs/llmtrain-e2e/tiny-cpu/UID/export -type f",
         rf"^kubectl {context} -n llmtrain-e2e delete llmtrainingjob tiny-cpu --wait=true",
+        rf"^kubectl {context} -n llmtrain-e2e apply -f tests/e2e/manifests/loader\.yaml$",
         r"^env LLMTRAIN_KIND_CLUSTER=llmtrain-e2e hack/kind_local\.sh down$",
     ]
     assert_printed_in_order(printed, expected_in_order)
@@ -321,6 +295,22 @@ def test_local_dry_run_needs_neither_docker_nor_the_internet(local_dry_run: str)
             assert command.startswith("kubectl --context kind-llmtrain-e2e "), command
         if command.startswith("helm "):
             assert command.startswith("helm --kube-context kind-llmtrain-e2e "), command
+
+
+@pytest.mark.parametrize("mode", ["local", "docker"])
+def test_prepare_builds_only_the_local_node_image(tmp_path: Path, mode: str) -> None:
+    """`run.sh --prepare` (make test's background step): in local mode the node image and nothing
+    else (no cluster, no images, no llmtrain: the venv may not have it yet); Docker needs none."""
+    stubs = (*TOOLS, *LOCAL_TOOLS, "python")  # no llmtrain stub: --prepare must not need it
+    # docker: the mode run.sh picks itself in a dry run with docker on PATH (a value naming a stub
+    # would become the stub's path)
+    env = {"PYTHON": "python", **({"LLMTRAIN_E2E_MODE": "local"} if mode == "local" else {})}
+    printed = stubbed_dry_run(tmp_path, stubs, env, ("--prepare",))
+    ran = commands(printed)
+    if mode == "local":
+        assert len(ran) == 1 and re.search(r"^env .*hack/kind_local\.sh ensure$", ran[0]), printed
+    else:
+        assert ran == [] and "# docker mode: nothing to prepare" in printed, printed
 
 
 def test_the_kuberay_kustomization_renders_the_pinned_module(tmp_path: Path) -> None:
@@ -430,6 +420,30 @@ def test_storage_shell_is_restricted_and_mounts_the_claim_where_the_job_does() -
     assert mount["mountPath"] == script_var("MOUNT")
     job = parse_job(yaml.safe_load(EXAMPLE.read_text()))
     assert job.spec.storage.mount_path == script_var("MOUNT")
+
+
+def test_export_loader_is_another_user_of_the_jobs_fsgroup() -> None:
+    """The pod that loads the export is restricted, runs as a UID other than the Ray pods' but in
+    their fsGroup, mounts the job's claim read-only where the job does, and looks in the job's runs."""
+    loader = yaml.safe_load(LOADER.read_text())
+    for kube_version in KUBE_VERSIONS:
+        kubernetes_validate.validate(loader, kube_version, strict=True)
+    assert restricted_violations(loader["spec"]) == []
+    metadata = {"name": script_var("JOB"), "namespace": script_var("JOB_NS"), "uid": "u"}
+    job = parse_job({**yaml.safe_load(EXAMPLE.read_text()), "metadata": metadata})
+    (rayjob,) = [o for o in render(job) if o["kind"] == "RayJob"]
+    ray_pod = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["securityContext"]
+    security = loader["spec"]["securityContext"]
+    assert security["fsGroup"] == ray_pod["fsGroup"]
+    assert security["runAsUser"] != ray_pod["runAsUser"] and security["runAsGroup"] != ray_pod["fsGroup"]
+    (container,) = loader["spec"]["containers"]
+    assert container["image"] == script_var("TRAINER_IMAGE") and container["imagePullPolicy"] == "Never"
+    (claim,) = [v for v in loader["spec"]["volumes"] if "persistentVolumeClaim" in v]
+    assert claim["persistentVolumeClaim"]["claimName"] == script_var("CLAIM")
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == claim["name"]]
+    assert mount == {"name": claim["name"], "mountPath": script_var("MOUNT"), "readOnly": True}
+    script = container["command"][-1]
+    assert f"{run_storage_path(job)}/*/{EXPORT_DIR}" in script
 
 
 def test_script_checks_what_the_trainer_writes_where_the_operator_points_it() -> None:

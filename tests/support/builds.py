@@ -1,10 +1,11 @@
 """Wait, at the point of use, for a build `make test` runs in the background.
 
-`make test` starts the Go build of the cluster's binaries and the image build in the background
-(the Makefile's `background`: the step's output in LOG, its process id in LOG.pid, its exit status
-in LOG.rc once it ends) and starts the test lanes without waiting for them, with each log's path in
-LLMTRAIN_TOOLS_LOG and LLMTRAIN_IMAGES_LOG. A test that needs the binaries or the images calls
-`tools_built()` or `images_built()` first: it waits for that step to end, and fails with the log's
+`make test` starts the Go build of the cluster's binaries, the image build and the build of kind's
+node image in the background (the Makefile's `background`: the step's output in LOG, its process id in
+LOG.pid, its exit status in LOG.rc once it ends) and starts the test lanes without waiting for
+them, with each log's path in LLMTRAIN_TOOLS_LOG, LLMTRAIN_IMAGES_LOG and LLMTRAIN_KIND_LOG. A test
+that needs the binaries, the images or the node image calls `tools_built()`, `images_built()` or
+`kind_built()` first: it waits for that step to end, and fails with the log's
 tail when the step failed (or ended without a status: killed). Then the caller's own
 `build_tools.ensure` or `images.ensure` only finds what the step made. Without the variable (pytest
 run directly) nothing is awaited and the caller builds in-process as before; the builds' per-name
@@ -23,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-ENV = {"tools": "LLMTRAIN_TOOLS_LOG", "images": "LLMTRAIN_IMAGES_LOG"}
+ENV = {"tools": "LLMTRAIN_TOOLS_LOG", "images": "LLMTRAIN_IMAGES_LOG", "kind": "LLMTRAIN_KIND_LOG"}
 TAIL_LINES = 50
 WAITS: list[str] = []
 _done: set[str] = set()
@@ -93,7 +94,7 @@ def wait(log: Path, poll: float = 0.2) -> float:
 
 
 def await_build(kind: str) -> float | None:
-    """Wait for the background build of `kind` ("tools" or "images") if `make test` started one:
+    """Wait for the background build of `kind` ("tools", "images" or "kind") if `make test` started one:
     the seconds waited (0 after the first wait), or None when there is none to wait for."""
     log = os.environ.get(ENV[kind])
     if not log:
@@ -115,3 +116,8 @@ def tools_built() -> None:
 def images_built() -> None:
     """Before the operator or trainer image is used."""
     await_build("images")
+
+
+def kind_built() -> None:
+    """Before the kind end-to-end run (tests/e2e/test_kind.py): kind's node image and Podman."""
+    await_build("kind")
