@@ -171,3 +171,33 @@ def test_the_converter_on_the_smallest_schemas() -> None:
         "default": {"a": 2},
         "x-kubernetes-preserve-unknown-fields": True,
     }
+
+
+def test_the_converter_resolves_references_and_optionals() -> None:
+    inner = {
+        "type": "object",
+        "description": "The inner model.",
+        "properties": {"a": {"type": "integer"}},
+        "x-kubernetes-validations": [{"rule": "r1", "message": "m1"}],
+    }
+    node = _Converter({"Inner": inner}).node
+    field_rule = {"rule": "r2", "message": "m2"}
+    # A described reference (allOf of one $ref): the field's description wins, the model's rules stay.
+    assert node({"allOf": [{"$ref": "#/$defs/Inner"}], "description": "The  field."}) == {
+        **inner,
+        "description": "The field.",
+    }
+    # Optional[Inner] = None: the null option and the null default go, the model's description
+    # stands in for the field's, and the field's rules follow the model's.
+    optional = {"anyOf": [{"$ref": "#/$defs/Inner"}, {"type": "null"}], "default": None}
+    assert node({**optional, "x-kubernetes-validations": [field_rule]}) == {
+        **inner,
+        "x-kubernetes-validations": [*inner["x-kubernetes-validations"], field_rule],
+    }
+    assert node({"anyOf": [{"type": "string"}, {"type": "null"}]}) == {"type": "string"}
+    assert node({"anyOf": [{"type": "string"}, {"type": "null"}], "default": "x"}) == {
+        "type": "string",
+        "default": "x",
+    }
+    with pytest.raises(ValueError, match="unions other than Optional"):
+        node({"anyOf": [{"type": "string"}, {"type": "integer"}]})
