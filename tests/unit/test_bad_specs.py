@@ -1025,7 +1025,8 @@ def test_the_inline_config_problems_say_what_is_wrong_and_how_to_fix_it() -> Non
     assert config_problems({"hidden_size": 66, "num_attention_heads": 4, "num_key_value_heads": 3}) == [
         (
             ".spec.model.config.model_type",
-            "required: the Hugging Face architecture name (e.g. llama, qwen2, mistral) that selects the model class",
+            "required: the Hugging Face architecture name (e.g. llama, qwen2, mistral) that selects "
+            "the model class",
         ),
         (
             ".spec.model.config.hidden_size",
