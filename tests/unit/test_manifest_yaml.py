@@ -37,6 +37,7 @@ from llmtrain.api.manifest_yaml import go_scalar, load_all
         ("500m", "500m"),
         ("1e", "1e"),
         ("18446744073709551616", 1.8446744073709552e19),  # past uint64: a float
+        ("-9223372036854775808", -9223372036854775808),  # int64's least value is still an integer
     ],
 )
 def test_plain_scalars(text: str, value: Any) -> None:
