@@ -14,6 +14,7 @@ import pytest
 import yaml
 from llmtrain.api import cel, manifest_yaml
 from llmtrain.api.crd import openapi_schema
+from llmtrain.api.model_config import config_problems, sequence_problems
 from llmtrain.api.validation import InvalidJob, parse_job
 from llmtrain.cli import main
 from llmtrain.constants import DEFAULT_MOUNT_PATH
@@ -1016,3 +1017,35 @@ def test_a_malformed_quantity_is_told_its_field_and_an_example(
     assert "[0-9]" not in err  # no regex
     crd = cel_messages(doc)
     assert len(crd) == 1 and crd[0].startswith(message) and crd[0] in err, crd
+
+
+def test_the_inline_config_problems_say_what_is_wrong_and_how_to_fix_it() -> None:
+    """The messages `llmtrain validate` and the operator print for an inline model config, word
+    for word (the table above pins only the field each names)."""
+    assert config_problems({"hidden_size": 66, "num_attention_heads": 4, "num_key_value_heads": 3}) == [
+        (
+            ".spec.model.config.model_type",
+            "required: the Hugging Face architecture name (e.g. llama, qwen2, mistral) that selects "
+            "the model class",
+        ),
+        (
+            ".spec.model.config.hidden_size",
+            "hidden_size 66 is not divisible by num_attention_heads 4; change one of them or set head_dim",
+        ),
+        (
+            ".spec.model.config.num_key_value_heads",
+            "num_attention_heads 4 is not a multiple of num_key_value_heads 3: each key/value head serves "
+            "a whole group of query heads",
+        ),
+    ]
+    # With head_dim set, the heads need not divide hidden_size (the attention projects to heads * head_dim).
+    assert (
+        config_problems({"model_type": "llama", "hidden_size": 66, "num_attention_heads": 4, "head_dim": 16})
+        == []
+    )
+    # A model with a single position cannot train on two.
+    ((path, message),) = sequence_problems({"max_position_embeddings": 1}, 2)
+    assert (path, message.split(":")[0]) == (
+        ".spec.dataset.maxSeqLength",
+        "dataset.maxSeqLength 2 is longer than model.config.max_position_embeddings 1",
+    )

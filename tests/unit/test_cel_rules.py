@@ -25,6 +25,7 @@ from llmtrain.api.base import (
 )
 from llmtrain.api.cel import evaluate_rule, violations
 from llmtrain.api.crd import openapi_schema
+from llmtrain.api.spec import _object_uri_rules
 
 SELF_EQ = "self == oldSelf"
 
@@ -835,3 +836,19 @@ def test_a_list_maps_items_meet_their_old_selves_by_key_as_the_api_server_does()
     ]
     assert violations(_LIST_MAP, changed) == []  # a create: no old object, no transition rules
     assert [v.path for v in violations(_LIST_MAP, {"ratio": 0})] == [".ratio"]
+
+
+def test_the_object_uri_rules_built_again_are_the_ones_the_crd_carries() -> None:
+    """spec.py builds its object-URI rules once, at import, into the spec's rules that CASES
+    checks one by one: built again they must be those rules, so that a builder gone wrong shows."""
+    fresh = _object_uri_rules()
+    carried = openapi_schema()["properties"]["spec"]["x-kubernetes-validations"]
+    # A well-formed-URI rule for each field but checkpoint.exportTo (its pattern admits object URIs
+    # only), and one rule per store (s3, gs, az) for each of the five fields.
+    assert len(fresh) == 4 + 5 * 3
+    assert fresh == carried[: len(fresh)]
+    spec = {"dataset": {"path": "s3://corpus/a"}, "model": {}, "checkpoint": {}}
+    refused = [entry for entry in fresh if not evaluate_rule(entry["rule"], spec)]
+    assert [(e["fieldPath"], e["message"].split(":")[0]) for e in refused] == [
+        (".dataset.path", "dataset.path is an s3")
+    ]

@@ -8,7 +8,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from llmtrain.api.crd import CRD_FILENAME, crd, crd_yaml
+from llmtrain.api.crd import CRD_FILENAME, _Converter, crd, crd_yaml
 from llmtrain.api.validation import InvalidJob, parse_job
 from llmtrain.constants import GROUP_VERSION, KIND
 from llmtrain.generate import generated_files
@@ -143,3 +143,61 @@ def test_the_model_pins_apiversion_and_kind_to_the_constants() -> None:
     ):
         with pytest.raises(InvalidJob, match=rf"^\.{key}: must be one of '{right}'$"):
             parse_job({**minimal_job(), key: wrong})
+
+
+def test_the_converter_on_the_smallest_schemas() -> None:
+    """What the models do not produce today but a new field could: each conversion rule on a
+    schema of its own, so a rule gone wrong shows before it reaches the API server."""
+    node = _Converter({}).node
+    # A one-value Literal (JSON Schema's const) is a one-value enum, typed by its value.
+    assert node({"const": 3}) == {"type": "integer", "enum": [3]}
+    assert node({"const": "x", "enum": ["x", "y"]}) == {"type": "string", "enum": ["x", "y"]}
+    # A field that can only be null, and a node without a type, have no structural form.
+    with pytest.raises(ValueError, match="a field that can only be null cannot be expressed"):
+        node({"type": "null"})
+    with pytest.raises(ValueError, match="untyped schema node"):
+        node({"description": "anything"})
+    assert node({"x-kubernetes-preserve-unknown-fields": True}) == {
+        "x-kubernetes-preserve-unknown-fields": True
+    }
+    # An object without fields is free-form (kept whole); one with fields drops additionalProperties.
+    assert node({"type": "object"}) == {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    fields = {"type": "object", "properties": {"a": {"type": "integer", "default": 1}}}
+    assert node(fields) == fields
+    # An object's default is {}: the API server fills in the nested defaults itself.
+    assert node({**fields, "default": {"a": 2}}) == {**fields, "default": {}}
+    assert node({"type": "object", "default": {"a": 2}}) == {
+        "type": "object",
+        "default": {"a": 2},
+        "x-kubernetes-preserve-unknown-fields": True,
+    }
+
+
+def test_the_converter_resolves_references_and_optionals() -> None:
+    inner = {
+        "type": "object",
+        "description": "The inner model.",
+        "properties": {"a": {"type": "integer"}},
+        "x-kubernetes-validations": [{"rule": "r1", "message": "m1"}],
+    }
+    node = _Converter({"Inner": inner}).node
+    field_rule = {"rule": "r2", "message": "m2"}
+    # A described reference (allOf of one $ref): the field's description wins, the model's rules stay.
+    assert node({"allOf": [{"$ref": "#/$defs/Inner"}], "description": "The  field."}) == {
+        **inner,
+        "description": "The field.",
+    }
+    # Optional[Inner] = None: the null option and the null default go, the model's description
+    # stands in for the field's, and the field's rules follow the model's.
+    optional = {"anyOf": [{"$ref": "#/$defs/Inner"}, {"type": "null"}], "default": None}
+    assert node({**optional, "x-kubernetes-validations": [field_rule]}) == {
+        **inner,
+        "x-kubernetes-validations": [*inner["x-kubernetes-validations"], field_rule],
+    }
+    assert node({"anyOf": [{"type": "string"}, {"type": "null"}]}) == {"type": "string"}
+    assert node({"anyOf": [{"type": "string"}, {"type": "null"}], "default": "x"}) == {
+        "type": "string",
+        "default": "x",
+    }
+    with pytest.raises(ValueError, match="unions other than Optional"):
+        node({"anyOf": [{"type": "string"}, {"type": "integer"}]})

@@ -37,6 +37,7 @@ from llmtrain.api.manifest_yaml import go_scalar, load_all
         ("500m", "500m"),
         ("1e", "1e"),
         ("18446744073709551616", 1.8446744073709552e19),  # past uint64: a float
+        ("-9223372036854775808", -9223372036854775808),  # int64's least value is still an integer
     ],
 )
 def test_plain_scalars(text: str, value: Any) -> None:
@@ -57,3 +58,17 @@ def test_quoted_and_tagged_scalars_stay_strings_and_keys_are_strings() -> None:
 def test_anchors_and_merge_keys_still_work() -> None:
     (doc,) = load_all("base: &b {cpu: 8}\nworker: {<<: *b, memory: 64Gi}\n")
     assert doc["worker"] == {"cpu": 8, "memory": "64Gi"}
+
+
+def test_every_kind_of_key_becomes_the_string_kubectl_sends() -> None:
+    """sigs.k8s.io/yaml writes each mapping key as a JSON string, nested mappings included."""
+    (doc,) = load_all("no: a\nyes: b\n~: c\nnull: d\n1.5: e\n0x10: f\nkey: g\nouter: {off: h, 2: i}\n")
+    assert doc == {
+        "false": "a",
+        "true": "b",
+        "null": "d",  # `~` and `null` are the same key: the later one wins
+        "1.5": "e",
+        "16": "f",
+        "key": "g",
+        "outer": {"false": "h", "2": "i"},
+    }

@@ -6,7 +6,7 @@ and `llmtrain validate` still refuse unknown fields. The cluster tier patches a 
 from __future__ import annotations
 
 import pytest
-from llmtrain.api.validation import InvalidJob, parse_job, parse_stored_job
+from llmtrain.api.validation import InvalidJob, declared_only, parse_job, parse_stored_job
 
 from tests.support.jobs import minimal_job, with_path
 
@@ -39,3 +39,43 @@ def test_maps_and_metadata_are_kept_whole() -> None:
     wire = parse_stored_job(doc).to_wire()
     assert wire["spec"]["resources"]["nodeSelector"] == {"pool": "a100"}
     assert wire["metadata"]["labels"] == {"team": "nlp"}
+
+
+def test_a_newer_field_inside_a_list_item_is_ignored_in_a_stored_job() -> None:
+    toleration = {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}
+    doc = with_path(minimal_job(), "spec.resources.tolerations", [{**toleration, "tolerationSeconds2": 5}])
+    stored = parse_stored_job(doc).to_wire()
+    assert stored["spec"]["resources"]["tolerations"] == [toleration]
+    with pytest.raises(InvalidJob, match="tolerationSeconds2"):
+        parse_job(doc)
+
+
+def test_pruning_follows_the_schema_as_the_api_server_prunes() -> None:
+    """Each kind of node the API server prunes by, on a schema of its own: declared fields, a map
+    of objects, a preserve-unknown object with fields, a free-form object and a list of objects."""
+    item = {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {
+            "known": {"type": "string"},
+            "byName": {"type": "object", "additionalProperties": item},
+            "open": {**item, "x-kubernetes-preserve-unknown-fields": True},
+            "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+            "list": {"type": "array", "items": item},
+        },
+    }
+    doc = {
+        "known": "k",
+        "new": 1,
+        "byName": {"x": {"a": 1, "new": 2}},
+        "open": {"a": 1, "new": {"b": 2}},
+        "free": {"any": {"thing": 1}},
+        "list": [{"a": 1, "new": 3}],
+    }
+    assert declared_only(doc, schema) == {
+        "known": "k",
+        "byName": {"x": {"a": 1}},
+        "open": {"a": 1, "new": {"b": 2}},
+        "free": {"any": {"thing": 1}},
+        "list": [{"a": 1}],
+    }

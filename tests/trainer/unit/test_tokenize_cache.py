@@ -4,7 +4,10 @@ by data, tokenizer and settings so that a retry or resume never tokenises again.
 from __future__ import annotations
 
 import gc
+import json
+import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -153,8 +156,6 @@ _BUILD = textwrap.dedent(
 
 
 def _build_in_new_process(corpus: Path, cache: Path) -> tuple[dict[str, object], str]:
-    import json
-
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "trainer_image"), str(REPO / "operator")])}
     done = subprocess.run(
         [sys.executable, "-c", _BUILD, str(corpus), str(cache)],
@@ -238,3 +239,61 @@ def test_process_count_is_capped_by_batches_and_overridable(monkeypatch: pytest.
     assert tokenize_processes(3 * data._PACK_BATCH_RECORDS) == 3
     assert tokenize_processes(100 * data._PACK_BATCH_RECORDS) == 16
     assert tokenize_processes(100 * data._PACK_BATCH_RECORDS, wanted=2) == 2  # dataset.tokenizeProcesses
+
+
+def test_a_second_build_reads_the_cache_and_the_log_says_which(
+    tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:  # type: ignore[no-untyped-def]
+    """The log tells a user whether the rows were tokenised (how many records, with how many
+    processes, under which key) or read from the cache; a hit tokenises nothing."""
+    text = "".join(f"paragraph {i}.\n\n" for i in range(3 * data._PACK_BATCH_RECORDS))
+    spec = DatasetSpec(
+        path=str(_corpus(tmp_path / "corpus.txt", text)), max_seq_length=16, tokenize_processes=2
+    )
+    cache = tmp_path / "shared" / "llmtrain" / "cache"  # its parents do not exist yet
+    key = cache_key(spec, tokenizer, data_identity(spec))
+    records = len(data.load_records(spec))
+    with caplog.at_level(logging.INFO, logger=data.log.name):
+        first = data.cached_tokenize(spec, tokenizer, cache)
+    tokenising, tokenised = (r.getMessage() for r in caplog.records if r.name == data.log.name)
+    assert tokenising == f"tokenising {records} records with 2 processes into cache {key}"
+    assert re.fullmatch(rf"tokenised {len(first)} sequences in \d+\.\d s", tokenised), tokenised
+    assert [p.name for p in cache.iterdir()] == [key]  # published; no staging folder left
+
+    def no_tokenising(*args: object, **kwargs: object) -> list[str]:
+        raise AssertionError("a cache hit tokenised again")
+
+    monkeypatch.setattr(data, "tokenize_into", no_tokenising)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=data.log.name):
+        second = data.cached_tokenize(spec, tokenizer, cache)
+    assert [r.getMessage() for r in caplog.records if r.name == data.log.name] == [
+        f"tokenised dataset cache hit: {key} ({len(first)} sequences)"
+    ]
+    assert second.to_dict() == first.to_dict()
+
+
+def test_a_failed_tokenisation_leaves_no_staging_folder_and_an_empty_cache_still_names_the_data(
+    tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    spec = DatasetSpec(path=str(_corpus(tmp_path / "corpus.txt")), max_seq_length=16)
+    cache = tmp_path / "cache"
+    real = data.tokenize_into
+
+    def failing(*args: object, **kwargs: object) -> list[str]:
+        raise RuntimeError("out of disk")
+
+    monkeypatch.setattr(data, "tokenize_into", failing)
+    with pytest.raises(RuntimeError, match="out of disk"):
+        data.cached_tokenize(spec, tokenizer, cache)
+    assert list(cache.iterdir()) == []
+    monkeypatch.setattr(data, "tokenize_into", real)
+    # A prompt that fills every position leaves nothing to learn: no rows, refused when tokenised
+    # and again when read from the cache, naming the data.
+    record = json.dumps({"prompt": "q" * 64, "response": "a"})
+    empty = DatasetSpec(
+        path=str(_corpus(tmp_path / "long.jsonl", record + "\n")), format="instruction", max_seq_length=16
+    )
+    for _ in range(2):
+        with pytest.raises(data.DataError, match=f"dataset '{empty.path}' produced no training sequences"):
+            data.cached_tokenize(empty, tokenizer, cache)
