@@ -3,9 +3,10 @@
 Most of a tier's time is waiting (controllers converging, pods starting, Ray clusters coming up,
 images loading), so on a 2-core CI machine lanes overlap that waiting: one runs the real cluster
 tier beside the fast tiers (the trainer's unit tests among them), one the trainer's Ray tests
-beside the real-pod tier, the two about equally long, and the third the kind end-to-end run
-(tests/e2e/test_kind.py, about 6 minutes, mostly image loading and one training job), which
-would lengthen either of the others by its whole time. Their clusters, Ray instances and ports
+beside the real-pod tier, and the third the kind end-to-end run (tests/e2e/test_kind.py, 6
+minutes alone, 15 beside the others: mostly the 3.3 GB image import and one training job) and
+then the trainer's unit tests and some of its Ray tests, so that the three end at about the same
+time. Their clusters, Ray instances and ports
 are independent; each lane has its own pytest session and fixtures. Each lane's output goes to a
 log; a heartbeat line shows they are alive, and each log's summary (the whole log when a lane
 fails) is printed at the end. The exit status fails if any lane does.
@@ -31,15 +32,21 @@ LANES = {
         "tests/unit",
         "tests/chart",
         "tests/e2e",
-        "tests/trainer/unit",
         "tests/cluster",
-        # A file named here leaves its folder's lane: this one evens out the lanes' lengths.
-        "tests/trainer/ray/test_resume.py",
         # Last: on a cold machine the image build (in the background) ends after the tools build.
         "tests/images",
     ],
     "trainer+pods": ["tests/trainer/ray", "tests/pods"],
-    "kind": ["tests/e2e/test_kind.py"],
+    # The kind run first: its image import and the node's start are disk-bound, and the other
+    # lanes start with CPU-bound tests. Then tests that need neither cluster, so that the three
+    # lanes end together (a file named here leaves its folder's lane).
+    "kind": [
+        "tests/e2e/test_kind.py",
+        "tests/trainer/unit",
+        "tests/trainer/ray/test_resume.py",
+        "tests/trainer/ray/test_checkpoint_fallback.py",
+        "tests/trainer/ray/test_run_identity.py",
+    ],
 }
 HEARTBEAT_SECONDS = 120
 
