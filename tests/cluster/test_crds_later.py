@@ -63,7 +63,7 @@ def test_a_job_crd_created_after_the_operator_started_is_served_without_a_restar
             what="the operator's first listing of CRDs",
         )
         cluster.kubectl("create", "-f", "-", input=json.dumps(crd))
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+        cluster.wait_established(CRD_NAME, timeout=60)
         apply_doc(cluster, cpu_job("late", namespace, suspend=True))
         try:
             status = wait_phase(cluster, namespace, "late", "Suspended", timeout=60)
@@ -76,5 +76,5 @@ def test_a_job_crd_created_after_the_operator_started_is_served_without_a_restar
             fresh.stop()
         if cluster.kubectl("get", "crd", CRD_NAME, check=False).returncode != 0:
             cluster.kubectl("create", "-f", "-", input=json.dumps(crd))
-            cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+            cluster.wait_established(CRD_NAME, timeout=60)
         operator.start()
