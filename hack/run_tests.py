@@ -3,11 +3,11 @@
 Most of a tier's time is waiting (controllers converging, pods starting, Ray clusters coming up,
 images loading), so on a 2-core CI machine lanes overlap that waiting: one runs the real cluster
 tier beside the fast tiers (the trainer's unit tests among them), one the trainer's Ray tests
-beside the real-pod tier, and the third the kind end-to-end run (tests/e2e/test_kind.py, 6
-minutes alone, 15 beside the others: mostly the 3.3 GB image import and one training job) and
-then the trainer's unit tests and some of its Ray tests, so that the three end at about the same
-time. Their clusters, Ray instances and ports
-are independent; each lane has its own pytest session and fixtures. Each lane's output goes to a
+beside the real-pod tier, and the third the kind end-to-end run (tests/e2e/test_kind.py, about
+6 minutes alone and 10 beside the other lanes: mostly the 3.3 GB image import and one training
+job), then the trainer's unit tests and some of its Ray tests, so that the three end at about the
+same time. Their clusters, Ray instances and ports are independent; each lane has its own pytest
+session and fixtures. Each lane's output goes to a
 log; a heartbeat line shows they are alive, and each log's summary (the whole log when a lane
 fails) is printed at the end. The exit status fails if any lane does.
 

@@ -64,6 +64,8 @@ MODE="${LLMTRAIN_E2E_MODE:-}"
 # local mode
 PYTHON="${PYTHON:-$REPO_ROOT/.venv/bin/python}"
 KIND_LOCAL="hack/kind_local.sh"
+# what local mode needs besides root and the venv (tests/e2e/test_kind.py names the same)
+LOCAL_TOOLS=(podman buildah mmdebstrap go ip nsenter)
 NETNS="llmtrain-kind" # hack/kind_local.sh's
 KIND_DIR="${LLMTRAIN_CACHE:-${HOME:-}/.cache/llmtrain}/kind" # hack/kind_local.sh's
 # the KubeRay the cluster tier runs (hack/tools/kuberay/go.mod's one require line)
@@ -140,7 +142,7 @@ choose_mode() {
   fi
   local tool
   ((EUID == 0)) || return 0
-  for tool in podman buildah mmdebstrap go ip nsenter; do
+  for tool in "${LOCAL_TOOLS[@]}"; do
     command -v "$tool" >/dev/null 2>&1 || return 0
   done
   MODE=local
@@ -178,7 +180,7 @@ preflight() {
 
 preflight_local() {
   require_tools "local mode: missing" "podman and buildah: apt-get install; make install for the venv" \
-    podman buildah mmdebstrap go ip nsenter "$PYTHON" "$(llmtrain_bin)" || return 0
+    "${LOCAL_TOOLS[@]}" "$PYTHON" "$(llmtrain_bin)" || return 0
   ((DRY_RUN)) || ((EUID == 0)) || fail "local mode runs as root (network namespaces, Podman's storage)"
 }
 
@@ -234,7 +236,7 @@ prepare_only() {
   if [[ "$MODE" == local ]]; then
     # before `make test` installs llmtrain into the venv: not preflight_local's full list
     require_tools "local mode: missing" "podman and buildah: apt-get install" \
-      podman buildah mmdebstrap go ip nsenter "$PYTHON" || return 0
+      "${LOCAL_TOOLS[@]}" "$PYTHON" || return 0
     ensure_node_image
   else
     printf '# docker mode: nothing to prepare\n'

@@ -44,7 +44,6 @@ KIND_CONFIG = E2E_DIR / "kind-config.yaml"
 STORAGE = E2E_DIR / "manifests" / "storage.yaml"
 LOADER = E2E_DIR / "manifests" / "loader.yaml"
 EXAMPLE = ROOT / "examples" / "tiny-cpu.yaml"
-TOOLS = DOCKER_TOOLS
 
 # kind.x-k8s.io/v1alpha4 Cluster (kind's pkg/apis/config/v1alpha4), the fields a config may use;
 # additionalProperties false catches misspelt keys, which kind itself rejects.
@@ -110,6 +109,12 @@ def test_shellcheck(script: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_script_and_test_kind_name_the_same_local_mode_tools() -> None:
+    """test_kind.py checks for local mode's tools before it runs the script that needs them."""
+    match = re.search(r"^LOCAL_TOOLS=\(([^)]*)\)$", SCRIPT.read_text(), flags=re.MULTILINE)
+    assert match and tuple(match.group(1).split()) == LOCAL_TOOLS
+
+
 def test_script_is_executable_bash() -> None:
     assert SCRIPT.read_text().startswith("#!/usr/bin/env bash\n")
     assert os.access(SCRIPT, os.X_OK)
@@ -150,7 +155,7 @@ def stubbed_dry_run(
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory: pytest.TempPathFactory) -> str:
     """run.sh --dry-run with every tool replaced by a stub that records being called."""
-    return stubbed_dry_run(tmp_path_factory.mktemp("stubs"), (*TOOLS, "llmtrain"), {})
+    return stubbed_dry_run(tmp_path_factory.mktemp("stubs"), (*DOCKER_TOOLS, "llmtrain"), {})
 
 
 def assert_printed_in_order(printed: list[str], patterns: list[str]) -> None:
@@ -248,7 +253,7 @@ def local_dry_run(tmp_path_factory: pytest.TempPathFactory) -> str:
     tool replaced by a stub that records being called."""
     return stubbed_dry_run(
         tmp_path_factory.mktemp("local-stubs"),
-        (*TOOLS, *LOCAL_TOOLS, "llmtrain", "python"),
+        (*DOCKER_TOOLS, *LOCAL_TOOLS, "llmtrain", "python"),
         {"PYTHON": "python", "LLMTRAIN_E2E_MODE": "local"},
     )
 
@@ -301,7 +306,7 @@ def test_local_dry_run_needs_neither_docker_nor_the_internet(local_dry_run: str)
 def test_prepare_builds_only_the_local_node_image(tmp_path: Path, mode: str) -> None:
     """`run.sh --prepare` (make test's background step): in local mode the node image and nothing
     else (no cluster, no images, no llmtrain: the venv may not have it yet); Docker needs none."""
-    stubs = (*TOOLS, *LOCAL_TOOLS, "python")  # no llmtrain stub: --prepare must not need it
+    stubs = (*DOCKER_TOOLS, *LOCAL_TOOLS, "python")  # no llmtrain stub: --prepare must not need it
     # docker: the mode run.sh picks itself in a dry run with docker on PATH (a value naming a stub
     # would become the stub's path)
     env = {"PYTHON": "python", **({"LLMTRAIN_E2E_MODE": "local"} if mode == "local" else {})}
