@@ -6,7 +6,8 @@ tier beside the fast tiers (the trainer's unit tests among them), one the traine
 beside the real-pod tier, and the third the kind end-to-end run (tests/e2e/test_kind.py, about
 6 minutes alone and 10 beside the other lanes: mostly the 3.3 GB image import and one training
 job), then the trainer's unit tests and some of its Ray tests, so that the three end at about the
-same time. Their clusters, Ray instances and ports are independent; each lane has its own pytest
+same time (on a machine that never built the trainer image the kind run goes last: it waits for that
+build). Their clusters, Ray instances and ports are independent; each lane has its own pytest
 session and fixtures. Each lane's output goes to a
 log; a heartbeat line shows they are alive, and each log's summary (the whole log when a lane
 fails) is printed at the end. The exit status fails if any lane does.
@@ -26,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+import images
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LANES = {
     "cluster": [
@@ -39,7 +42,8 @@ LANES = {
     "trainer+pods": ["tests/trainer/ray", "tests/pods"],
     # The kind run first: its image import and the node's start are disk-bound, and the other
     # lanes start with CPU-bound tests. Then tests that need neither cluster, so that the three
-    # lanes end together (a file named here leaves its folder's lane).
+    # lanes end together (a file named here leaves its folder's lane). On a machine that never
+    # built the trainer image the kind run goes last instead (kind_lane_order()).
     "kind": [
         "tests/e2e/test_kind.py",
         "tests/trainer/unit",
@@ -49,6 +53,21 @@ LANES = {
     ],
 }
 HEARTBEAT_SECONDS = 120
+# Waits for the images, which a machine that never built them makes in the background for about
+# 40 minutes (the trainer's torch layers): the lane's other tests run first there.
+KIND_RUN = "tests/e2e/test_kind.py"
+
+
+def images_never_built(images_dir: Path) -> bool:
+    """No trainer image archive of any key: the build starts from nothing (a code change since the
+    last build only rebuilds the top layers, a minute or two)."""
+    return not any(images_dir.glob("trainer-*.tar"))
+
+
+def kind_lane_order(paths: list[str], cold: bool) -> list[str]:
+    """The kind lane's paths, with the kind run moved last on a cold machine, so that its wait for
+    the images overlaps the lane's other tests instead of preceding them."""
+    return [p for p in paths if p != KIND_RUN] + [KIND_RUN] if cold else paths
 
 
 def test_files() -> set[Path]:
@@ -96,7 +115,10 @@ def pytest_paths(lane: str) -> list[str]:
         for f, other in named_files().items()
         if other != lane and any((REPO_ROOT / p).is_dir() and REPO_ROOT / p in f.parents for p in LANES[lane])
     ]
-    return [*ignores, *LANES[lane]]
+    paths = LANES[lane]
+    if lane == "kind":
+        paths = kind_lane_order(paths, images_never_built(images.images_dir()))
+    return [*ignores, *paths]
 
 
 def main(argv: list[str]) -> int:

@@ -1,9 +1,16 @@
-"""`make test`'s two lanes (hack/run_tests.py) run every test file exactly once."""
+"""`make test`'s three lanes (hack/run_tests.py): every test file runs exactly once, in an order
+fit for the machine."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
+from tests.support.kuberay import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "hack"))  # run_tests imports its sibling as a script does
 from hack import run_tests
 
 
@@ -31,3 +38,17 @@ def test_a_file_in_two_lanes_is_reported(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(run_tests, "LANES", lanes)
     problems = run_tests.unlaned()
     assert "tests/unit/test_test_lanes.py is in cluster and trainer+pods" in problems, problems
+
+
+def test_the_kind_run_goes_last_only_where_the_trainer_image_was_never_built(tmp_path: Path) -> None:
+    paths = run_tests.LANES["kind"]
+    assert paths[0] == run_tests.KIND_RUN
+    assert run_tests.kind_lane_order(paths, cold=False) == paths
+    cold = run_tests.kind_lane_order(paths, cold=True)
+    assert cold == [*paths[1:], run_tests.KIND_RUN]
+
+    assert run_tests.images_never_built(tmp_path)
+    (tmp_path / "operator-0123.tar").touch()
+    assert run_tests.images_never_built(tmp_path)
+    (tmp_path / "trainer-4567.tar").touch()  # an earlier build's key: its layers are cached
+    assert not run_tests.images_never_built(tmp_path)
