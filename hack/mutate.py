@@ -20,7 +20,9 @@ the same; a survivor only while the tests digest is too (killed stays killed). I
 the mutants still without a verdict, and writes the store back from the .meta files, also when
 interrupted. Arguments are mutant-name globs: only the matching mutants without a verdict are
 tested (`--again`: all the matching ones). Prints `mutation_score=` and every survivor, counting
-the restored verdicts; exits 1 below the threshold or while a mutant is untested.
+the restored verdicts; exits 1 below the threshold or while a mutant is untested. A survivor that
+tests/mutation/equivalent.toml explains (see equivalence()) is listed with its reason and left out
+of the score.
 
 `--screen` is a fast first pass over the same mutants (see screen()): it writes only kills, and a
 later run without it has mutmut judge the rest.
@@ -48,6 +50,9 @@ STAGE = REPO / ".mutate"
 MUTANTS = STAGE / "mutants"
 # The verdicts, committed: see main().
 STORE = REPO / "tests" / "mutation" / "verdicts.json"
+# Survivors no test can tell from the code, each with why, committed beside the store: see
+# equivalence().
+EQUIVALENT = REPO / "tests" / "mutation" / "equivalent.toml"
 # What the verdicts in .mutate/ were made with: the tests digest and each file's pattern digest.
 TESTS_SEEN = STAGE / "tests.sha256"
 PATTERNS_SEEN = STAGE / "patterns.json"
@@ -557,6 +562,48 @@ def screen(todo: list[str], metas: Metas, tests: str, most: int = SCREEN_MAX_TES
     return outcome
 
 
+def read_equivalent(path: Path) -> dict[str, dict[str, str]]:
+    """tests/mutation/equivalent.toml: a table per mutant name with the `hash` of its function's
+    source (mutmut's, as the store keeps it), the `mutation` for the reader and the `reason`."""
+    if not path.exists():
+        return {}
+    claims: dict[str, dict[str, str]] = tomllib.loads(path.read_text())
+    return claims
+
+
+def function_hash(metas: Metas, key: str) -> str | None:
+    for meta in metas.values():
+        if key in meta["exit_code_by_key"]:
+            hashes: dict[str, str] = meta["hash_by_function_name"]
+            return hashes.get(split_key(key)[0])
+    return None
+
+
+def equivalence(
+    claims: dict[str, dict[str, str]], status_by_name: dict[str, str], metas: Metas
+) -> tuple[dict[str, str], list[str]]:
+    """The survivors that `claims` explain (name -> reason), and what is wrong with the others: a
+    claim holds only for a survivor whose function is the one it was made for, so an edit of the
+    function makes the run ask for the claim to be checked again; a claim on a killed mutant or on
+    one that no longer exists is to be removed. A mutant not judged yet is neither."""
+    held: dict[str, str] = {}
+    problems: list[str] = []
+    for name, claim in sorted(claims.items()):
+        verdict = status_by_name.get(name)
+        if verdict is None:
+            problems.append(f"{name}: no such mutant: remove its claim")
+        elif (current := function_hash(metas, name)) != claim.get("hash"):
+            problems.append(
+                f"{name}: its function changed since the claim (hash now {current}): check that the"
+                " reason still holds and write the new hash"
+            )
+        elif verdict in KILLED:
+            problems.append(f"{name}: {verdict}, not equivalent: remove its claim")
+        elif verdict not in NOT_RUN:
+            held[name] = claim.get("reason", "")
+    return held, problems
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -643,9 +690,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     judged = {n: s for n, s in status_by_name.items() if s not in NOT_RUN}
     killed = sum(s in KILLED for s in judged.values())
+    equivalent, problems = equivalence(read_equivalent(EQUIVALENT), status_by_name, load_metas(MUTANTS))
     for name, verdict in sorted(judged.items()):
-        if verdict not in KILLED:
+        if name in equivalent:
+            print(f"equivalent: {name}: {equivalent[name]}")
+        elif verdict not in KILLED:
             print(f"{verdict}: {name}")
+    for problem in problems:
+        print(f"{EQUIVALENT.name}: {problem}")
     by_module: dict[str, list[str]] = {}
     for name, verdict in status_by_name.items():
         by_module.setdefault(module_of(name), []).append(verdict)
@@ -654,14 +706,20 @@ def main(argv: list[str] | None = None) -> int:
         dead = sum(s in KILLED for s in done)
         share = f"{100.0 * dead / len(done):.1f}" if done else "-"
         print(f"{module}: mutants={len(statuses)} judged={len(done)} killed={dead} score={share}")
-    score = 100.0 * killed / len(judged) if judged else 0.0
+    # Equivalent mutants are no bug to catch: the score is over the others.
+    counted = len(judged) - len(equivalent)
+    score = 100.0 * killed / counted if counted else 0.0
     not_run = len(status_by_name) - len(judged)
-    print(f"mutants={len(status_by_name)} judged={len(judged)} killed={killed} not_run={not_run}")
+    survived = counted - killed
+    print(
+        f"mutants={len(status_by_name)} judged={len(judged)} killed={killed} equivalent={len(equivalent)}"
+        f" survived={survived} not_run={not_run}"
+    )
     print(f"mutation_score={score:.1f}")
     if interrupted:
         print(f"interrupted: the verdicts so far are kept in {STORE.name}; run again to go on")
         return 130
-    return 0 if score >= options.threshold and not not_run else 1
+    return 0 if score >= options.threshold and not not_run and not problems else 1
 
 
 if __name__ == "__main__":

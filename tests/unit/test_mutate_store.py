@@ -137,6 +137,7 @@ def stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(mutate, "MUTANTS", mutants)
     monkeypatch.setattr(mutate, "STORE", tmp_path / "verdicts.json")
     monkeypatch.setattr(mutate, "TESTS_SEEN", tmp_path / "tests.sha256")
+    monkeypatch.setattr(mutate, "EQUIVALENT", tmp_path / "equivalent.toml")
     monkeypatch.setattr(mutate, "stage", lambda: None)
     monkeypatch.setattr(mutate, "pattern_digests", lambda: PATTERNS)
     monkeypatch.setattr(mutate, "_tests_digest", lambda: TESTS)
@@ -167,6 +168,74 @@ def test_a_fresh_stage_with_the_store_tests_nothing(
     assert mutate.read_store(stage / "verdicts.json") == _store()
 
 
+def _claim(hash_: str = "aaa") -> str:
+    return f'''["llmtrain.memory.x_plan__mutmut_2"]\nhash = "{hash_}"\nreason = "ruled out"\n'''
+
+
+def test_a_survivor_claimed_equivalent_is_listed_with_its_reason_and_left_out_of_the_score(
+    stage: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mutate.write_store(_store(), stage / "verdicts.json")
+    (stage / "equivalent.toml").write_text(_claim())
+    assert mutate.main([]) == 0
+    out = capsys.readouterr().out
+    assert "equivalent: llmtrain.memory.x_plan__mutmut_2: ruled out" in out
+    assert "survived: llmtrain.memory.x_plan__mutmut_2" not in out
+    assert "mutants=3 judged=3 killed=2 equivalent=1 survived=0 not_run=0" in out
+    assert "mutation_score=100.0" in out
+
+
+def test_a_claim_lapses_when_its_function_changes(
+    stage: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mutate.write_store(_store(), stage / "verdicts.json")
+    (stage / "equivalent.toml").write_text(_claim(hash_="an-older-source"))
+    assert mutate.main(["--threshold", "60"]) == 1
+    out = capsys.readouterr().out
+    assert "survived: llmtrain.memory.x_plan__mutmut_2" in out
+    assert "x_plan__mutmut_2: its function changed since the claim (hash now aaa)" in out
+    assert "mutation_score=66.7" in out
+
+
+def test_claims_on_killed_unknown_and_unjudged_mutants() -> None:
+    metas = _judged()
+    metas[FILE]["exit_code_by_key"]["llmtrain.memory.x_plan__mutmut_3"] = None
+    statuses = {k: mutate.status(c) for k, c in metas[FILE]["exit_code_by_key"].items()}
+    claims = {
+        f"llmtrain.memory.{key}": {"hash": hash_, "reason": key}
+        for key, hash_ in [
+            ("x_plan__mutmut_1", "aaa"),  # killed
+            ("x_plan__mutmut_2", "aaa"),  # survived: holds
+            ("x_plan__mutmut_3", "aaa"),  # not judged yet: neither
+            ("x_plan__mutmut_9", "aaa"),  # gone
+            ("x_fits__mutmut_1", "bbb"),  # timed out: killed
+        ]
+    }
+    held, problems = mutate.equivalence(claims, statuses, metas)
+    assert held == {"llmtrain.memory.x_plan__mutmut_2": "x_plan__mutmut_2"}
+    assert problems == [
+        "llmtrain.memory.x_fits__mutmut_1: timeout, not equivalent: remove its claim",
+        "llmtrain.memory.x_plan__mutmut_1: killed, not equivalent: remove its claim",
+        "llmtrain.memory.x_plan__mutmut_9: no such mutant: remove its claim",
+    ]
+
+
+def test_the_committed_claims_name_a_hash_and_a_reason() -> None:
+    claims = mutate.read_equivalent(mutate.EQUIVALENT)
+    assert claims, "tests/mutation/equivalent.toml is empty"
+    for name, claim in claims.items():
+        assert "__mutmut_" in name, name
+        assert set(claim) == {"hash", "mutation", "reason"}, name
+        assert all(claim.values()), name
+    # Each is a survivor in the committed store, of the function it was made for.
+    store = mutate.read_store(mutate.STORE)["files"]
+    for name, claim in claims.items():
+        module = mutate.module_of(name)
+        function, number = mutate.split_key(name)
+        stored = store[f"src/{module.replace('.', '/')}.py"]["functions"][function]
+        assert (stored["hash"], stored["exit_codes"].get(number)) == (claim["hash"], SURVIVED), name
+
+
 def test_an_interrupted_run_stores_the_verdicts_so_far_and_reports_them(
     stage: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -181,7 +250,10 @@ def test_an_interrupted_run_stores_the_verdicts_so_far_and_reports_them(
     monkeypatch.setattr(mutate, "mutmut", mutmut)
     assert mutate.main(["llmtrain.memory.x_plan__mutmut_1"]) == 130
     out = capsys.readouterr().out
-    assert "mutants=3 judged=1 killed=1 not_run=2" in out and "interrupted: the verdicts so far" in out
+    assert (
+        "mutants=3 judged=1 killed=1 equivalent=0 survived=0 not_run=2" in out
+        and "interrupted: the verdicts so far" in out
+    )
     stored = mutate.read_store(stage / "verdicts.json")["files"][FILE]["functions"]
     assert stored == {"x_plan": {"hash": "aaa", "exit_codes": {"1": KILLED}}}
 
