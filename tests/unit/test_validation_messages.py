@@ -11,10 +11,13 @@ from llmtrain.api.validation import (
     Problem,
     _hint,
     _loc_to_path,
+    _pydantic_problems,
     as_decoded,
+    declared_only,
     parse_job,
     problems_of,
 )
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tests.support.jobs import minimal_job, with_path
 
@@ -110,3 +113,73 @@ def test_only_a_whole_float_in_an_integer_field_becomes_an_integer() -> None:
     assert as_decoded({"a": 1.0}, mapped) == {"a": 1} and type(as_decoded({"a": 1.0}, mapped)["a"]) is int
     assert as_decoded(True, {"type": "integer"}) is True  # a bool is no float
     assert as_decoded("2.0", {"type": "integer"}) == "2.0"
+
+
+def test_a_snake_case_key_is_an_unknown_field_as_in_the_api_server() -> None:
+    assert f".spec.storage.claim_name: {UNKNOWN}" in _problems("spec.storage", {"claim_name": "shared"})
+
+
+def test_a_union_fields_member_types_are_left_out_of_the_path() -> None:
+    class Member(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        a: int
+
+    class Doc(BaseModel):
+        x: int | float
+        y: list[int] | str
+        z: int | Member
+
+    with pytest.raises(ValidationError) as refused:
+        Doc.model_validate({"x": "1", "y": 2, "z": {"b": 1}}, strict=True)
+    raw = [".".join(map(str, e["loc"])) for e in refused.value.errors()]
+    assert raw[:5] == ["x.int", "x.float", "y.list[int]", "y.str", "z.int"]
+    # The member's name stays where it names a model: it says which shape was meant.
+    paths = [p.path for p in _pydantic_problems(refused.value)]
+    assert paths == [".x", ".x", ".y", ".y", ".z", ".z.Member.a", ".z.Member.b"]
+
+
+def _inline_model(**config: Any) -> dict[str, Any]:
+    doc = minimal_job()
+    doc["spec"]["model"] = {"config": {"model_type": "llama", **config}, "tokenizer": "byte-level"}
+    doc["spec"]["dataset"] = {"path": "data/x.jsonl", "format": "text", "maxSeqLength": 64}
+    return doc
+
+
+def test_the_inline_model_configs_problems_come_with_the_specs_and_their_paths() -> None:
+    doc = _inline_model(hidden_size=64, num_attention_heads=5, max_position_embeddings=32)
+    doc["spec"]["dataset"]["path"] = "s3://bucket/x.jsonl"  # a CEL rule: no spec.objectStorage
+    found = [str(p) for p in problems_of(doc)]
+    assert found[-2:] == [
+        ".spec.model.config.hidden_size: hidden_size 64 is not divisible by num_attention_heads 5; "
+        "change one of them or set head_dim",
+        ".spec.dataset.maxSeqLength: dataset.maxSeqLength 64 is longer than "
+        "model.config.max_position_embeddings 32: the model has no positions past it; lower "
+        "dataset.maxSeqLength to at most 32 or raise model.config.max_position_embeddings",
+    ]
+    assert "dataset.path is an s3:// URI: set spec.objectStorage" in found[0], found
+    assert len(found) == 3
+
+
+def test_positions_of_zero_are_one_problem_not_two() -> None:
+    assert [str(p) for p in problems_of(_inline_model(max_position_embeddings=0))] == [
+        ".spec.model.config.max_position_embeddings: must be a positive integer (got 0)"
+    ]
+
+
+def test_an_update_is_checked_against_the_old_object() -> None:
+    doc = with_path(minimal_job(), "spec.runPolicy", {"maxRetries": 1})
+    old = parse_job(doc).to_wire()
+    changed = with_path(minimal_job(), "spec.runPolicy", {"maxRetries": 2})
+    assert problems_of(changed) == []  # a create: no old object
+    with pytest.raises(InvalidJob) as refused:
+        parse_job(changed, old=old)
+    assert [str(p) for p in refused.value.problems] == [
+        ".spec.runPolicy.maxRetries: spec.runPolicy.maxRetries is immutable after creation: create a new "
+        "LLMTrainingJob (or delete and re-apply this one) to change it"
+    ]
+    assert parse_job(doc, old=old).to_wire() == old
+
+
+def test_a_list_whose_schema_declares_no_items_is_kept_whole() -> None:
+    schema = {"type": "object", "properties": {"xs": {"type": "array"}}}
+    assert declared_only({"xs": [{"a": 1}], "other": 1}, schema) == {"xs": [{"a": 1}]}
