@@ -3,6 +3,8 @@ model, so what it patches is what the CRD declares."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from llmtrain.api.status import Progress
 from llmtrain_trainer.kube_progress import progress_fields
@@ -97,3 +99,22 @@ def test_the_best_evaluation_fields_are_in_the_crds_status_schema() -> None:
     progress = openapi_schema()["properties"]["status"]["properties"]["progress"]["properties"]
     for name in ("evalLoss", "evalStep", "bestEvalLoss", "bestStep"):
         assert progress[name]["type"] in {"number", "integer"}, name
+
+
+def test_a_loss_that_is_not_finite_is_said_in_a_notice_and_never_patched() -> None:
+    """JSON has no NaN: a patch holding one is refused by the API server, and the state would carry
+    it into every later patch, freezing the job's progress for the rest of the run."""
+    state = progress_fields({}, MetricsRecord("step", 10, 100, time=0.0, loss=2.0, learning_rate=1e-3))
+    state = progress_fields(
+        state, MetricsRecord("step", 20, 100, time=1.0, loss=float("nan"), learning_rate=float("inf"))
+    )
+    assert state["loss"] == 2.0 and state["learningRate"] == 0.001 and state["step"] == 20
+    assert state["notices"] == [
+        "the training loss is not finite (nan) at step 20: training has diverged; lower "
+        "training.learningRate or set training.maxGradNorm, and resume from a checkpoint before it "
+        "(spec.resumeFrom)"
+    ]
+    json.dumps(state, allow_nan=False)  # what the API server can read
+    state = progress_fields(state, MetricsRecord("step", 30, 100, time=2.0, loss=float("inf")))
+    assert len(state["notices"]) == 1  # said once, with the first step it was seen at
+    assert Progress.model_validate(state).to_patch() == state

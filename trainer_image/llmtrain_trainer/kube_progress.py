@@ -83,10 +83,19 @@ def progress_fields(state: dict[str, Any], record: MetricsRecord) -> dict[str, A
         "summary": f"{record.step}/{record.total_steps}",
         "updated_at": _rfc3339(record.time),
     }
+    notices = list(state.get("notices") or [])
     for name in ("epoch", "loss", "learning_rate", "tokens_per_second", "mfu"):
         value = getattr(record, name)
-        if value is not None:
-            changes[name] = round(float(value), 6)
+        if value is None:
+            continue
+        if not math.isfinite(value):
+            # JSON has no NaN or infinity: the API server refuses a patch holding one, and the
+            # state would carry it into every later patch, so progress would stop for the rest of
+            # the run. The figure stays as last reported; a diverged loss is said in a notice.
+            if name == "loss" and not any(n.startswith(DIVERGED) for n in notices):
+                notices = _add_notice(notices, f"{DIVERGED} ({value}) at step {record.step}: {DIVERGED_FIX}")
+            continue
+        changes[name] = round(float(value), 6)
     if record.eta_seconds is not None:
         changes["eta_seconds"] = max(0, int(record.eta_seconds))
     if record.event == "checkpoint" and record.path:
@@ -101,11 +110,25 @@ def progress_fields(state: dict[str, Any], record: MetricsRecord) -> dict[str, A
     if record.event == "finished":
         changes["eta_seconds"] = 0
     if record.event == "notice" and record.message:
-        notices = list(state.get("notices") or [])
-        notice = record.message[:NOTICE_MAX_LENGTH]
-        if notice not in notices:
-            changes["notices"] = [*notices, notice][-NOTICES_MAX:]
+        notices = _add_notice(notices, record.message)
+    if notices != list(state.get("notices") or []):
+        changes["notices"] = notices
     return Progress.model_validate(state).model_copy(update=changes).to_patch()
+
+
+# The notice of a training loss that is NaN or infinite, said once per run.
+DIVERGED = "the training loss is not finite"
+DIVERGED_FIX = (
+    "training has diverged; lower training.learningRate or set training.maxGradNorm, and resume "
+    "from a checkpoint before it (spec.resumeFrom)"
+)
+
+
+def _add_notice(notices: list[str], text: str) -> list[str]:
+    """`notices` with `text` (cut to the CRD's bound) at the end, unless it is there already; the
+    oldest go past NOTICES_MAX."""
+    notice = text[:NOTICE_MAX_LENGTH]
+    return notices if notice in notices else [*notices, notice][-NOTICES_MAX:]
 
 
 def eval_fields(state: dict[str, Any], record: MetricsRecord) -> dict[str, Any]:
