@@ -450,3 +450,23 @@ def test_two_shards_give_the_one_process_rows(monkeypatch: pytest.MonkeyPatch) -
     two = tokenize(records, byte_level_tokenizer(), spec, procs=2)
     assert len(two.cache_files) == 2
     assert two.to_dict() == one.to_dict()
+
+
+def test_collated_tensors_are_integers_where_the_model_indexes_with_them() -> None:
+    """Positions index the rotary table and the mask is the padding's: both integer tensors, never
+    the float zeros `torch.zeros` gives by default."""
+    padded = collate(
+        [{"input_ids": [5, 6, 7], "labels": [5, 6, 7]}, {"input_ids": [5], "labels": [5]}], pad_id=0
+    )
+    assert {k: v.dtype for k, v in padded.items()} == {
+        "input_ids": torch.long,
+        "labels": torch.long,
+        "attention_mask": torch.long,
+    }
+    packed = collate(
+        [{"input_ids": [5, 6, 7], "labels": [5, 6, 7], "position_ids": [0, 1, 0]}], pad_id=0, multiple_of=4
+    )
+    assert {k: v.dtype for k, v in packed.items()} == dict.fromkeys(
+        ("input_ids", "labels", "position_ids"), torch.long
+    )
+    assert packed["position_ids"].tolist() == [[0, 1, 0, 0]]
