@@ -612,7 +612,6 @@ class DistributedBatches:
         self.multiple_of = multiple_of
         self.micro_batch = micro_batch
         self.rank = rank
-        self.world_size = world_size
         self.seed = seed
         self.pad_id = pad_id
         self.global_batch = micro_batch * world_size

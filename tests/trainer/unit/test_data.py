@@ -360,6 +360,12 @@ def test_a_batch_is_padded_with_the_pad_id_to_a_multiple_of_8_and_one_batch_is_e
     assert batch["input_ids"][:, 1:].eq(99).all() and batch["labels"][:, 1:].eq(IGNORE_INDEX).all()
     with pytest.raises(DataError, match="the dataset has 4 sequences, fewer than one global micro-batch"):
         DistributedBatches(dataset, 3, 0, 2, 5, 99)
+    # multiple_of as the trainer passes it (models.packed_row_length: flex attention's block size)
+    assert DistributedBatches(dataset, 2, 0, 2, 5, 99, multiple_of=4).next_batch()["input_ids"].shape == (
+        2,
+        4,
+    )
+    assert next(evaluation_batches(dataset, 2, 0, 2, 99, multiple_of=2))["input_ids"].shape == (2, 2)
 
 
 def test_a_data_folder_takes_one_type_of_visible_data_files(tmp_path: Path) -> None:
