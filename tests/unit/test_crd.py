@@ -201,3 +201,17 @@ def test_the_converter_resolves_references_and_optionals() -> None:
     }
     with pytest.raises(ValueError, match="unions other than Optional"):
         node({"anyOf": [{"type": "string"}, {"type": "integer"}]})
+
+
+def test_the_converter_types_enums_and_objects_it_is_given_untyped() -> None:
+    node = _Converter({}).node
+    assert node({"enum": [True, False]}) == {"type": "boolean", "enum": [True, False]}
+    assert node({"enum": [0.5, 1.5]}) == {"type": "number", "enum": [0.5, 1.5]}
+    assert node({"enum": ["a"]}) == {"type": "string", "enum": ["a"]}
+    # A stated type stands: 1 and 2 are numbers here, not integers.
+    assert node({"enum": [1, 2], "type": "number"}) == {"type": "number", "enum": [1, 2]}
+    # Named fields make an object, with or without "type".
+    assert node({"properties": {"a": {"type": "string"}}}) == {
+        "type": "object",
+        "properties": {"a": {"type": "string"}},
+    }
