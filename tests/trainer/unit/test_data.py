@@ -384,6 +384,8 @@ def test_a_data_folder_takes_one_type_of_visible_data_files(tmp_path: Path) -> N
     with pytest.raises(DataError, match=re.escape(f"dataset.validationPath {str(empty)!r} holds no .jsonl")):
         data.data_files(empty, "dataset.validationPath")
     (folder / "c.parquet").write_bytes(b"")
+    with pytest.raises(DataError, match=re.escape("mixes file types ['json', 'parquet']; use one type")):
+        data.data_files(folder)
     (folder / "d.txt").write_text("x")
     with pytest.raises(
         DataError,
