@@ -80,7 +80,9 @@ def test_the_reference_of_a_small_schema() -> None:
     assert text.startswith("# API reference: LLMTrainingJob (`llmtrain.dev/v1alpha1`)\n")
     assert "\nSections: [spec](#spec), [status](#status).\n" in text
     # A schema without a description leaves its line empty; the text ends with one newline.
+    assert text.splitlines()[5] == ""
     assert text.endswith("\n\n" + SPEC_SECTION)
+    assert api_reference({**TINY, "description": "A tiny job."}).splitlines()[5] == "A tiny job."
 
 
 def test_bounds_types_and_anchors_in_a_readers_words() -> None:

@@ -84,3 +84,14 @@ def test_several_transition_rules_of_one_node_each_see_the_old_value() -> None:
     assert violations(schema, 5, old=4) == []
     assert [v.message for v in violations(schema, 3, old=4)] == ["may not shrink"]
     assert [v.message for v in violations(schema, 20, old=4)] == ["may not grow by more than 10"]
+
+
+def test_lists_inside_a_free_form_field_are_walked_without_a_schema() -> None:
+    # model.config is preserve-unknown: its lists (`architectures`) have no items schema.
+    schema = {
+        "type": "object",
+        "properties": {"config": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+        "x-kubernetes-validations": [{"rule": "size(self.config.architectures) == 1", "message": "one"}],
+    }
+    doc = {"config": {"architectures": ["LlamaForCausalLM"], "nested": [{"a": [1, 2.5]}]}}
+    assert violations(schema, doc) == []
