@@ -683,14 +683,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         write_store(export(load_metas(MUTANTS), tests, patterns), STORE)
 
+    final = load_metas(MUTANTS)
     status_by_name = {
-        k: status(code)
-        for meta in load_metas(MUTANTS).values()
-        for k, code in meta["exit_code_by_key"].items()
+        k: status(code) for meta in final.values() for k, code in meta["exit_code_by_key"].items()
     }
     judged = {n: s for n, s in status_by_name.items() if s not in NOT_RUN}
     killed = sum(s in KILLED for s in judged.values())
-    equivalent, problems = equivalence(read_equivalent(EQUIVALENT), status_by_name, load_metas(MUTANTS))
+    equivalent, problems = equivalence(read_equivalent(EQUIVALENT), status_by_name, final)
     for name, verdict in sorted(judged.items()):
         if name in equivalent:
             print(f"equivalent: {name}: {equivalent[name]}")

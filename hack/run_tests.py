@@ -61,7 +61,7 @@ KIND_RUN = "tests/e2e/test_kind.py"
 def images_never_built(images_dir: Path) -> bool:
     """No trainer image archive of any key: the build starts from nothing (a code change since the
     last build only rebuilds the top layers, a minute or two)."""
-    return not any(images_dir.glob("trainer-*.tar"))
+    return not any(images_dir.glob(images.archive_path("trainer", key="*").name))
 
 
 def kind_lane_order(paths: list[str], cold: bool) -> list[str]:

@@ -83,7 +83,8 @@ def progress_fields(state: dict[str, Any], record: MetricsRecord) -> dict[str, A
         "summary": f"{record.step}/{record.total_steps}",
         "updated_at": _rfc3339(record.time),
     }
-    notices = list(state.get("notices") or [])
+    reported = list(state.get("notices") or [])
+    notices = reported
     for name in ("epoch", "loss", "learning_rate", "tokens_per_second", "mfu"):
         value = getattr(record, name)
         if value is None:
@@ -111,7 +112,7 @@ def progress_fields(state: dict[str, Any], record: MetricsRecord) -> dict[str, A
         changes["eta_seconds"] = 0
     if record.event == "notice" and record.message:
         notices = _add_notice(notices, record.message)
-    if notices != list(state.get("notices") or []):
+    if notices != reported:
         changes["notices"] = notices
     return Progress.model_validate(state).model_copy(update=changes).to_patch()
 
